@@ -1,0 +1,28 @@
+"""labkit: leases, fencing tokens and idempotency on SQLite, for a hands-on course.
+
+Why labkit looks like this:
+
+* Three failures, three mechanisms. A :class:`LeaseAuthority` lets a successor
+  start; a :class:`Fence` stops an obsolete predecessor at the resource;
+  :func:`run_once` stops the current owner from repeating an effect.
+* Everything is real SQLite. Every write that matters is one ``BEGIN IMMEDIATE``
+  transaction whose answer is the row count of one conditional statement
+  (see :mod:`labkit.db` for the contract, written once).
+* Time is passed in. Library code reads ``clock.now()`` and takes ``rng=``;
+  only :class:`RealClock` and the live demos read the machine's clock.
+"""
+
+from .clock import Clock, RealClock, VirtualClock
+from .db import connect
+from .errors import (BadArgument, BadArgumentType, Busy, KeyReused, LabkitError,
+                     LeaseHeld, LeaseLost, StaleGeneration)
+from .fence import Fence, Tx
+from .idempotency import run_once
+from .lease import Lease, LeaseAuthority
+
+__all__ = [
+    "connect", "Clock", "VirtualClock", "RealClock", "Lease", "LeaseAuthority",
+    "Fence", "Tx", "run_once",
+    "LabkitError", "BadArgument", "BadArgumentType", "LeaseHeld", "LeaseLost",
+    "StaleGeneration", "KeyReused", "Busy",
+]

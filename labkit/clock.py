@@ -1,0 +1,76 @@
+"""One clock protocol. Library code takes ``clock=`` and calls ``clock.now()``.
+
+:class:`VirtualClock` is moved by hand (tests, lessons); :class:`RealClock`
+reads the machine's monotonic clock and is the only place labkit does so.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Protocol, runtime_checkable
+
+from .errors import BadArgument, BadArgumentType
+
+__all__ = ["Clock", "VirtualClock", "RealClock"]
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """Anything with ``now() -> float`` seconds on a monotonic scale."""
+
+    def now(self) -> float: ...
+
+
+def check_seconds(value, argument: str, *, allow_zero: bool = True) -> float:
+    """Return ``value`` as a finite, non-negative float, or raise naming ``argument``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadArgumentType(argument, f"must be a number of seconds, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise BadArgument(argument, f"must be finite, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise BadArgument(argument, f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    return float(value)
+
+
+class VirtualClock:
+    """A clock that moves only when told to, and never backwards.
+
+    Example:
+        >>> clock = VirtualClock()
+        >>> clock.advance(10); clock.now()
+        10.0
+    """
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = check_seconds(start, "start")
+
+    def now(self) -> float:
+        """Return the current virtual time in seconds."""
+        return self._now
+
+    def advance(self, seconds: float) -> float:
+        """Move forward by ``seconds`` (>= 0) and return the new time.
+
+        Raises:
+            BadArgument: for a negative, NaN or infinite step.
+        """
+        self._now += check_seconds(seconds, "seconds")
+        return self._now
+
+    def __repr__(self) -> str:
+        return f"VirtualClock(now={self._now:g})"
+
+
+class RealClock:
+    """The machine's monotonic clock (``time.monotonic()``), in seconds.
+
+    It is one clock for every process on one machine, and means nothing on another.
+    """
+
+    def now(self) -> float:
+        """Return ``time.monotonic()``."""
+        return time.monotonic()
+
+    def __repr__(self) -> str:
+        return "RealClock()"

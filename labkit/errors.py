@@ -1,0 +1,125 @@
+"""labkit's errors: one base class, a few subclasses, each carrying its data.
+
+Every error labkit raises derives from :class:`LabkitError`, so a caller can
+catch the whole family with one ``except``. Bad arguments are also
+``ValueError`` or ``TypeError``, so ordinary Python code catches them too.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "LabkitError", "BadArgument", "BadArgumentType", "LeaseHeld", "LeaseLost",
+    "StaleGeneration", "KeyReused", "Busy",
+]
+
+
+class LabkitError(Exception):
+    """Base class of every error labkit raises."""
+
+
+class BadArgument(LabkitError, ValueError):
+    """An argument has the right type but an unusable value. Nothing was written.
+
+    Attributes:
+        argument: the parameter's name, e.g. ``"ttl"``.
+    """
+
+    def __init__(self, argument: str, message: str) -> None:
+        self.argument = argument
+        super().__init__(f"{argument}: {message}")
+
+
+class BadArgumentType(LabkitError, TypeError):
+    """An argument has the wrong type. Nothing was written.
+
+    Attributes:
+        argument: the parameter's name, e.g. ``"generation"``.
+    """
+
+    def __init__(self, argument: str, message: str) -> None:
+        self.argument = argument
+        super().__init__(f"{argument}: {message}")
+
+
+class LeaseHeld(LabkitError):
+    """Someone holds an unexpired lease on this name.
+
+    Attributes:
+        name: the lease's name.
+        holder: the current owner.
+        generation: the holder's generation.
+        expires_at: when the holder's lease expires at the authority.
+    """
+
+    def __init__(self, name: str, holder: str, generation: int, expires_at: float) -> None:
+        self.name, self.holder = name, holder
+        self.generation, self.expires_at = generation, expires_at
+        super().__init__(
+            f"lease {name!r} is held by {holder!r} (generation {generation}) "
+            f"until t={expires_at:g}; wait and retry with backoff, or use try_acquire()"
+        )
+
+
+class LeaseLost(LabkitError):
+    """Renew or release was refused: owner and generation no longer match a live lease.
+
+    Attributes:
+        name: the lease's name.
+        owner: who asked.
+        generation: the generation they asked with.
+    """
+
+    def __init__(self, name: str, owner: str, generation: int) -> None:
+        self.name, self.owner, self.generation = name, owner, generation
+        super().__init__(
+            f"{owner!r} no longer holds lease {name!r} with generation {generation}; "
+            "stop protected work and acquire again"
+        )
+
+
+class StaleGeneration(LabkitError):
+    """The fence has seen a higher token: this writer is obsolete and wrote nothing.
+
+    Attributes:
+        offered: the token the writer offered.
+        current: the fence's token at the time.
+        job: the fenced job, when known.
+    """
+
+    def __init__(self, offered, current, job: str | None = None) -> None:
+        self.offered, self.current, self.job = offered, current, job
+        where = f" of job {job!r}" if job is not None else ""
+        super().__init__(
+            f"generation {offered} is below the fence{where} (already at {current}); "
+            "this writer is obsolete, its transaction was rolled back"
+        )
+
+
+class KeyReused(LabkitError):
+    """An idempotency key was reused with a different payload.
+
+    Attributes:
+        key: the key.
+        stored: the canonical JSON payload recorded first.
+        offered: the canonical JSON payload offered now.
+    """
+
+    def __init__(self, key: str, stored: str | None, offered: str | None) -> None:
+        self.key, self.stored, self.offered = key, stored, offered
+        super().__init__(
+            f"key {key!r} was first used with payload {stored} and now with {offered}; "
+            "use a new key for a different operation"
+        )
+
+
+class Busy(LabkitError):
+    """The database stayed locked past the busy timeout. Nothing was written.
+
+    Attributes:
+        timeout_ms: the busy timeout that ran out.
+    """
+
+    def __init__(self, timeout_ms: int | None = None) -> None:
+        self.timeout_ms = timeout_ms
+        after = f" after {timeout_ms} ms" if timeout_ms is not None else ""
+        super().__init__(f"database is locked{after}; another writer holds it, retry later")

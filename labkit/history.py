@@ -1,0 +1,151 @@
+"""Histories: what every worker tried and what the database or authority answered.
+
+Scenarios, the chaos run and the live demo all append :class:`Event` records;
+:func:`check` reads them back and reports violations. The checker looks only
+at outcomes the system gave (``ok`` means committed) and at the order and
+tokens of attempts, never at a label a scenario wrote about itself.
+
+Vocabulary (``action`` / ``outcome``):
+
+* ``acquire``, ``renew``: ``ok`` (with ``until`` = expiry at the authority), ``held``, ``lost``.
+* ``release``: ``ok`` or ``lost``.
+* ``write`` (an effect on a protected resource, ``target`` = what it changed,
+  ``key`` = the operation key if any), ``email``, ``charge``: ``ok`` (committed or sent),
+  ``rejected`` (stopped by a fence, lease check or CAS), ``duplicate`` (stopped by a key),
+  ``crashed``/``aborted`` (rolled back).
+* ``read``, ``wait``, ``pause``, ``resume``, ``crash``, ``raise``: informational.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+__all__ = ["Event", "Violation", "check", "EFFECTS", "VIOLATION_KINDS"]
+
+EFFECTS = frozenset({"write", "email", "charge"})
+VIOLATION_KINDS = ("stale_accepted", "lost_update", "duplicate_effect",
+                   "acted_after_expiry", "foreign_release")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One attempt and its answer.
+
+    Attributes:
+        time: when the answer came (simulated or real seconds).
+        worker: who tried, e.g. ``"A"``.
+        action: what was tried (see the module docstring).
+        outcome: what the system answered; ``"ok"`` means it took effect.
+        generation: the token the worker acted with (int or (epoch, n)), or None.
+        key: the operation key, if any (idempotency), else None.
+        target: what was leased or changed, e.g. ``"invoice-run"`` or ``"INV-1"``.
+        until: for ``acquire``/``renew`` the authority's expiry; for ``pause`` its end.
+    """
+
+    time: float
+    worker: str
+    action: str
+    outcome: str
+    generation: object = None
+    key: str | None = None
+    target: str | None = None
+    until: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """A broken safety property, with the event that broke it.
+
+    Attributes:
+        kind: one of ``VIOLATION_KINDS``.
+        event: the offending event.
+        message: one line a student can read.
+    """
+
+    kind: str
+    event: Event
+    message: str
+
+
+def _order(generation) -> tuple[int, int]:
+    if isinstance(generation, (tuple, list)):
+        return int(generation[0]), int(generation[1])
+    return 0, int(generation)
+
+
+def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -> list[Violation]:
+    """Return every safety violation in ``history`` (empty for a clean history).
+
+    Args:
+        history: events in the order they happened.
+        final: optionally, the committed state at the end, ``{target: generation}``;
+            a target whose last committed write is not what the table holds was lost.
+
+    Checks:
+        stale_accepted: an effect committed with a token below one already committed.
+        lost_update: a target's committed write replaced by a lower token, or missing from ``final``.
+        duplicate_effect: two committed effects with the same operation key.
+        acted_after_expiry: an effect committed by a worker whose lease had expired
+            and had meanwhile been granted to someone else.
+        foreign_release: a release or renewal that succeeded for a worker not holding the lease.
+    """
+    found: list[Violation] = []
+    highest = None            # highest committed token so far
+    last_write: dict[str, Event] = {}
+    keys_done: dict[str, Event] = {}
+    expiry: dict[str, float] = {}     # worker -> its lease's expiry at the authority
+    holder: dict[str, tuple] = {}     # lease target -> (worker, generation) of the live lease
+    granted: dict[str, float] = {}    # worker -> when it last acquired
+    grants: list[tuple[float, str]] = []   # (time, worker) of every successful acquire
+
+    def flag(kind: str, event: Event, message: str) -> None:
+        found.append(Violation(kind, event, message))
+
+    for e in sorted(history, key=lambda e: e.time):
+        if e.outcome != "ok":
+            continue
+        if e.action in ("acquire", "renew"):
+            if e.action == "renew" and holder.get(e.target, (e.worker, e.generation)) != (e.worker, e.generation):
+                flag("foreign_release", e, f"{e.worker} renewed generation {e.generation} "
+                                           f"while {holder[e.target][0]} held the lease")
+            holder[e.target] = (e.worker, e.generation)
+            if e.action == "acquire":
+                granted[e.worker] = e.time
+                grants.append((e.time, e.worker))
+            if e.until is not None:
+                expiry[e.worker] = e.until
+        elif e.action == "release":
+            owner = holder.get(e.target)
+            if owner is not None and owner != (e.worker, e.generation):
+                flag("foreign_release", e, f"{e.worker}'s release (generation {e.generation}) "
+                                           f"deleted {owner[0]}'s lease (generation {owner[1]})")
+            holder.pop(e.target, None)
+            expiry.pop(e.worker, None)
+        elif e.action in EFFECTS:
+            if e.generation is not None:
+                if highest is not None and _order(e.generation) < _order(highest):
+                    flag("stale_accepted", e, f"a {e.action} with generation {e.generation} "
+                                              f"was accepted after {highest} committed")
+                if highest is None or _order(e.generation) > _order(highest):
+                    highest = e.generation
+                before = last_write.get(e.target)
+                if before is not None and _order(e.generation) < _order(before.generation):
+                    flag("lost_update", e, f"{e.worker} (generation {e.generation}) overwrote "
+                                           f"{e.target} written by {before.worker} (generation {before.generation})")
+                last_write[e.target] = e
+            if e.key is not None:
+                if e.key in keys_done:
+                    flag("duplicate_effect", e, f"operation {e.key!r} took effect twice "
+                                                f"(at t={keys_done[e.key].time:g} and t={e.time:g})")
+                keys_done.setdefault(e.key, e)
+            if (e.worker in expiry and e.time >= expiry[e.worker]
+                    and any(w != e.worker and granted[e.worker] <= t <= e.time for t, w in grants)):
+                flag("acted_after_expiry", e, f"{e.worker} committed a {e.action} at t={e.time:g}, "
+                                              f"after its lease expired at t={expiry[e.worker]:g}")
+    if final is not None:
+        for target, e in last_write.items():
+            if target not in final or _order(final[target]) != _order(e.generation):
+                flag("lost_update", e, f"{target}: committed by {e.worker} with generation "
+                                       f"{e.generation}, but the table holds {final.get(target)}")
+    return found

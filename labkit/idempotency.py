@@ -1,0 +1,87 @@
+"""Idempotency: the current owner must not repeat an effect.
+
+A fence lets every write of the current generation through, so a retried
+insert or a repeated charge within one generation is not the fence's problem.
+:func:`run_once` records an operation key in the same transaction as the
+effect: the key and the effect commit together or not at all.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from .db import check_name, execute, rowcount, transaction
+from .errors import BadArgument, KeyReused
+from .fence import Tx
+
+__all__ = ["run_once"]
+
+
+def _canonical(value: Any, argument: str) -> str:
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise BadArgument(argument, f"must be JSON-serialisable: {exc}") from None
+
+
+def run_once(db_or_tx, key: str, effect: Callable[[Tx], Any], *, payload: Any = None) -> Any:
+    """Call ``effect(tx)`` once per ``key`` and remember its JSON result.
+
+    The key and the effect's writes commit in one transaction. A repeat with the
+    same key returns the stored result without calling ``effect``. Given a
+    database, it opens its own ``BEGIN IMMEDIATE``; given a ``tx`` from
+    :meth:`Fence.guard`, it joins that transaction (inside a savepoint, so a
+    failing effect leaves no key behind).
+
+    Args:
+        db_or_tx: a labkit database or an open :class:`Tx`.
+        key: the operation's unique key, e.g. ``"invoice-run-8/INV-1"``.
+        effect: called with a :class:`Tx`; its return value must be JSON-serialisable.
+        payload: what the operation is about; reusing ``key`` with a different
+            payload (compared as canonical JSON) is an error.
+
+    Returns:
+        The effect's result, from this call or from the first one.
+
+    Raises:
+        KeyReused: same key, different payload. Nothing was written.
+        Any exception from ``effect``: nothing was recorded.
+
+    Example:
+        >>> from labkit import connect
+        >>> db = connect()
+        >>> run_once(db, "k1", lambda tx: 42), run_once(db, "k1", lambda tx: 0)
+        (42, 42)
+    """
+    key = check_name(key, "key")
+    if not callable(effect):
+        raise BadArgument("effect", f"must be callable, got {type(effect).__name__}")
+    offered = _canonical(payload, "payload")
+    if isinstance(db_or_tx, Tx):
+        return _in_savepoint(db_or_tx, key, effect, offered)
+    with transaction(db_or_tx) as conn:
+        return _in_savepoint(Tx(conn, (0, 0)), key, effect, offered)
+
+
+def _in_savepoint(tx: Tx, key: str, effect, offered: str) -> Any:
+    execute(tx.conn, "SAVEPOINT run_once")
+    try:
+        won = rowcount(tx.conn, "INSERT INTO idempotency_keys(key, payload, result) "
+                                "VALUES (?, ?, NULL) ON CONFLICT(key) DO NOTHING", (key, offered))
+        if won == 1:
+            result = effect(tx)
+            execute(tx.conn, "UPDATE idempotency_keys SET result = ? WHERE key = ?",
+                    (_canonical(result, "effect's result"), key))
+        else:
+            stored, result_json = execute(
+                tx.conn, "SELECT payload, result FROM idempotency_keys WHERE key = ?", (key,))[0]
+            if stored != offered:
+                raise KeyReused(key, stored, offered)
+            result = json.loads(result_json)
+    except BaseException:
+        execute(tx.conn, "ROLLBACK TO run_once")
+        execute(tx.conn, "RELEASE run_once")
+        raise
+    execute(tx.conn, "RELEASE run_once")
+    return result
