@@ -6,7 +6,9 @@ Usage::
                            [--cell-timeout 30] [--solutions solutions/]
 
 SUBMISSIONS are notebooks or folders searched for ``*.ipynb``. A submission's
-student is its parent folder's name (``alice/02-fencing-tokens.ipynb``), and
+student is the name of the folder holding it (``subs/alice/02-fencing-tokens.ipynb``
+is alice's; a notebook lying directly in a folder given on the command line
+is named by its file name), and
 its exercise is the solution whose check cells carry the same ``task:`` tags
 (or, failing that, the solution with the same file name).
 
@@ -100,7 +102,7 @@ def _collect(paths: list[str]) -> list[Submission]:
     found = []
     for arg in map(pathlib.Path, paths):
         files = sorted(arg.rglob("*.ipynb")) if arg.is_dir() else [arg]
-        found += [Submission(f, f.parent.name if arg.is_dir() and f.parent != arg else f.stem)
+        found += [Submission(f, f.stem if f.parent == arg else f.parent.name)
                   for f in files if ".ipynb_checkpoints" not in f.parts]
     return found
 
