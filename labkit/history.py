@@ -13,7 +13,9 @@ Vocabulary (``action`` / ``outcome``):
   ``key`` = the operation key if any), ``email``, ``charge``: ``ok`` (committed or sent),
   ``rejected`` (stopped by a fence, lease check or CAS), ``duplicate`` (stopped by a key),
   ``crashed``/``aborted`` (rolled back).
-* ``read``, ``wait``, ``pause``, ``resume``, ``crash``, ``raise``: informational.
+* ``read`` (``ok``: the worker saw ``target``'s committed state), ``raise`` (``ok``: the
+  fence was raised to ``generation`` and committed): the checker uses them to order a
+  successor's first action and a writer's view; ``wait``, ``pause``, ``resume``, ``crash``: informational.
 """
 
 from __future__ import annotations
@@ -84,10 +86,14 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
 
     Checks:
         stale_accepted: an effect committed with a token below one already committed.
-        lost_update: a target's committed write replaced by a lower token, or missing from ``final``.
+        lost_update: a target's committed write replaced by a lower token, or by another
+            worker whose last read of that target came before the write (it never saw it),
+            or missing from ``final``.
         duplicate_effect: two committed effects with the same operation key.
         acted_after_expiry: an effect committed by a worker whose lease had expired
-            and had meanwhile been granted to someone else.
+            and had meanwhile been granted to someone else who had begun to act on it
+            (an ``ok`` read, raise or effect). A commit that the successor waited for
+            (e.g. on the write lock) is ordered before it and is not flagged.
         foreign_release: a release or renewal that succeeded for a worker not holding the lease.
     """
     found: list[Violation] = []
@@ -97,14 +103,22 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
     expiry: dict[str, float] = {}     # worker -> its lease's expiry at the authority
     holder: dict[str, tuple] = {}     # lease target -> (worker, generation) of the live lease
     granted: dict[str, float] = {}    # worker -> when it last acquired
-    grants: list[tuple[float, str]] = []   # (time, worker) of every successful acquire
+    started: list[tuple[float, str]] = []  # (grant time, worker) of grantees that have acted since
+    last_read: dict[tuple, int] = {}       # (worker, target) -> position of its last ok read
+    position: dict[int, int] = {}          # id(event) -> position in time order
 
     def flag(kind: str, event: Event, message: str) -> None:
         found.append(Violation(kind, event, message))
 
-    for e in sorted(history, key=lambda e: e.time):
+    for i, e in enumerate(sorted(history, key=lambda e: e.time)):
+        position[id(e)] = i
         if e.outcome != "ok":
             continue
+        if (e.action in EFFECTS or e.action in ("read", "raise")) and e.worker in granted \
+                and (granted[e.worker], e.worker) not in started:
+            started.append((granted[e.worker], e.worker))
+        if e.action == "read":
+            last_read[e.worker, e.target] = i
         if e.action in ("acquire", "renew"):
             if e.action == "renew" and holder.get(e.target, (e.worker, e.generation)) != (e.worker, e.generation):
                 flag("foreign_release", e, f"{e.worker} renewed generation {e.generation} "
@@ -112,7 +126,6 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
             holder[e.target] = (e.worker, e.generation)
             if e.action == "acquire":
                 granted[e.worker] = e.time
-                grants.append((e.time, e.worker))
             if e.until is not None:
                 expiry[e.worker] = e.until
         elif e.action == "release":
@@ -133,6 +146,11 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
                 if before is not None and _order(e.generation) < _order(before.generation):
                     flag("lost_update", e, f"{e.worker} (generation {e.generation}) overwrote "
                                            f"{e.target} written by {before.worker} (generation {before.generation})")
+                elif (before is not None and before.worker != e.worker
+                      and last_read.get((e.worker, e.target), position[id(before)]) < position[id(before)]):
+                    flag("lost_update", e, f"{e.worker} overwrote {e.target} without having seen "
+                                           f"{before.worker}'s write (generation {before.generation}) "
+                                           f"that landed after its read")
                 last_write[e.target] = e
             if e.key is not None:
                 if e.key in keys_done:
@@ -140,7 +158,7 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
                                                 f"(at t={keys_done[e.key].time:g} and t={e.time:g})")
                 keys_done.setdefault(e.key, e)
             if (e.worker in expiry and e.time >= expiry[e.worker]
-                    and any(w != e.worker and granted[e.worker] <= t <= e.time for t, w in grants)):
+                    and any(w != e.worker and granted.get(e.worker, -1.0) <= t for t, w in started)):
                 flag("acted_after_expiry", e, f"{e.worker} committed a {e.action} at t={e.time:g}, "
                                               f"after its lease expired at t={expiry[e.worker]:g}")
     if final is not None:

@@ -67,7 +67,7 @@ from typing import Any, Callable, Iterable
 import simpy
 import simpy.rt
 
-from .db import check_name, execute, quote, transaction
+from .db import check_name, connect, execute, quote, transaction
 from .errors import BadArgument, BadArgumentType, Busy, LabkitError, LeaseLost, StaleGeneration
 from .fence import Fence, Tx
 from .history import Event, Violation, check
@@ -237,6 +237,7 @@ class Worker:
         self.clock = LocalClock(sim.env, float(offset), float(drift))
         self._conns: dict[str, Any] = {}
         self._fences: dict[tuple, Fence] = {}
+        self.held_until: float | None = None   # the holder's expiry in the last "held" answer
         self.db = self.connection("resource")
 
     @staticmethod
@@ -261,8 +262,7 @@ class Worker:
     def connection(self, name: str = "resource"):
         """This worker's own connection to database ``name`` (``busy_timeout_ms=0``)."""
         if name not in self._conns:
-            from .db import connect
-            self._conns[name] = connect(self.sim.path(name), busy_timeout_ms=0)
+            self._conns[name] = _connect(self.sim.path(name))
         return self._conns[name]
 
     def fence(self, job: str = JOB, db: str = "resource") -> Fence:
@@ -324,7 +324,12 @@ class Worker:
         answer = fn()     # the authority acts now, at its own time
         return answer
 
-    def _answer(self, action: str):
+    def reply(self, action: str):
+        """The answer to ``action`` travels back: ``response_latency``, or lost (see ``lose``/``loss``).
+
+        Raises:
+            NoResponse: after waiting ``timeout`` s, when this response is lost.
+        """
         lost = action in self.lose or (self.loss > 0 and self.sim.rng.random() < self.loss)
         if action in self.lose:
             self.lose.remove(action)
@@ -346,21 +351,28 @@ class Worker:
         lease = yield from self._ask("acquire", lambda: authority.try_acquire(name, self.name, ttl))
         if lease is None:
             held = authority.current(name)
+            self.held_until = held and held.expires_at
             self.record("acquire", "held", target=name, generation=held and held.generation,
-                        until=held and held.expires_at)
+                        until=self.held_until)
         else:
             self.record("acquire", "ok", generation=lease.generation, target=name, until=lease.expires_at)
-        yield from self._answer("acquire")
+        yield from self.reply("acquire")
         return lease
 
-    def acquire_when_free(self, ttl: float, name: str = LEASE, poll: float = 2.0):
-        """Call :meth:`acquire` every ``poll`` seconds until it returns a lease."""
-        poll = check_knob(poll, "poll", positive=True)
+    def acquire_when_free(self, ttl: float, name: str = LEASE, poll: float | None = None):
+        """Call :meth:`acquire` until it returns a lease.
+
+        Between attempts it waits ``poll`` seconds, or (``poll=None``) until the
+        expiry the authority reported for the current holder.
+        """
+        poll = None if poll is None else check_knob(poll, "poll", positive=True)
         while True:
             lease = yield from self.acquire(ttl, name)
             if lease is not None:
                 return lease
-            yield self.env.timeout(poll)
+            until = self.held_until
+            wait = poll if poll is not None or until is None else until - self.env.now
+            yield self.env.timeout(max(wait, self.sim.tick if wait <= 0 else 0.0))
 
     def renew(self, lease: Lease):
         """Ask the authority to renew ``lease``: the new Lease, or None if it was lost."""
@@ -374,7 +386,7 @@ class Worker:
         new = yield from self._ask("renew", ask)
         self.record("renew", "ok" if new else "lost", generation=lease.generation, target=lease.name,
                     until=new and new.expires_at)
-        yield from self._answer("renew")
+        yield from self.reply("renew")
         return new
 
     def release(self, lease: Lease):
@@ -389,7 +401,7 @@ class Worker:
                 return False
         done = yield from self._ask("release", ask)
         self.record("release", "ok" if done else "lost", generation=lease.generation, target=lease.name)
-        yield from self._answer("release")
+        yield from self.reply("release")
         return done
 
     # -- the resource ---------------------------------------------------------------------
@@ -407,13 +419,14 @@ class Worker:
         return {k: v for k, v in rows.items() if k in set(invoices)}
 
     def write(self, invoice: str, amount: int, generation: int, *, fenced: bool = True,
-              key: str | None = None, job: str = JOB, inside: str = "inside-write"):
+              key: str | None = None, job: str = JOB, inside: str = "inside-write", read: bool = False):
         """Upsert one invoice in one transaction, through ``fence.guard(generation)`` when ``fenced``.
 
         Waits for the write lock first (``wait`` events). Inside the open
         transaction it passes point ``inside`` (a planned pause there holds the
         lock; a planned crash rolls back). With ``key``, the upsert runs under
-        :func:`~labkit.run_once`, so a repeat of the same key has no effect.
+        :func:`~labkit.run_once`, so a repeat of the same key has no effect. With
+        ``read``, it reads ``invoice`` inside the transaction, after the fence is raised.
 
         Returns:
             The recorded outcome: ``"ok"``, ``"rejected"`` (stale) or ``"duplicate"``.
@@ -428,6 +441,8 @@ class Worker:
         try:
             opened = self.fence(job).guard(generation) if fenced else _plain(self.db, generation)
             with opened as tx:
+                if read:
+                    self.read([invoice], job)
                 if key is None:
                     effect(tx)
                 else:
@@ -458,6 +473,17 @@ class Worker:
             return False
         self.record("raise", "ok", generation=generation, target=job)
         return True
+
+
+def _connect(path: str):
+    """``labkit.connect(path, busy_timeout_ms=0)``, with ``synchronous=OFF``.
+
+    The files live in a throwaway temp folder, so durability across a power cut
+    does not matter; locking (what the scenarios show) is unchanged.
+    """
+    db = connect(path, busy_timeout_ms=0)
+    execute(db, "PRAGMA synchronous = OFF")
+    return db
 
 
 @contextlib.contextmanager
@@ -524,8 +550,7 @@ class Sim:
     def database(self, name: str = "resource"):
         """The sim's own (admin) connection to database ``name``, created on first use."""
         if name not in self._admin:
-            from .db import connect
-            self._admin[name] = connect(self.path(name), busy_timeout_ms=0)
+            self._admin[name] = _connect(self.path(name))
         return self._admin[name]
 
     def tables(self) -> dict[str, list[dict]]:
