@@ -7,6 +7,153 @@ constant: they must fail, with ``expect`` a phrase of the property that breaks)
 and the shared ``TAMPER`` prefixes (cells that rebind ``labkit.grading``).
 """
 
+# --------------------------------------------------------------------- 05.1 deadline
+DEADLINE_RIGHT = {
+    "clamped at the send time (no negative window)": '''
+def conservative_deadline(send_time, ttl, margin, max_drift):
+    return max(send_time, send_time + ttl * (1 - max_drift) - margin)
+''',
+    "named steps": '''
+def conservative_deadline(send_time, ttl, margin, max_drift):
+    worst_local_ttl = ttl - ttl * max_drift      # my clock may count only this much of the lease
+    usable = worst_local_ttl - margin
+    return send_time + usable
+''',
+}
+
+DEADLINE_WRONG = {
+    "no margin": ('''
+def conservative_deadline(send_time, ttl, margin, max_drift):
+    return send_time + ttl * (1 - max_drift)
+''', "leaves the margin"),
+    "ignores drift": ('''
+def conservative_deadline(send_time, ttl, margin, max_drift):
+    return send_time + ttl - margin
+''', "leaves the margin"),
+    "drift in the wrong direction": ('''
+def conservative_deadline(send_time, ttl, margin, max_drift):
+    return send_time + ttl * (1 + max_drift) - margin
+''', "leaves the margin"),
+    "drift taken as seconds, not a fraction": ('''
+def conservative_deadline(send_time, ttl, margin, max_drift):
+    return send_time + ttl - max_drift - margin
+''', "leaves the margin"),
+    "constant": ('''
+def conservative_deadline(send_time, ttl, margin, max_drift):
+    return 0.0
+''', "gives away no more of the lease"),
+    "gives up at once (the send time)": ('''
+def conservative_deadline(send_time, ttl, margin, max_drift):
+    return send_time
+''', "gives away no more of the lease"),
+}
+
+# --------------------------------------------------------------------- 05.2 holder loop
+HOLDER_RIGHT = {
+    "renew before every unit, keep the later deadline": '''
+from labkit.timing import conservative_deadline
+
+def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):
+    deadline = conservative_deadline(acquired_at, ttl, margin, max_drift)
+    while clock.now() < deadline:
+        if not work():
+            return
+        sent = clock.now()
+        if renew():
+            deadline = max(deadline, conservative_deadline(sent, ttl, margin, max_drift))
+''',
+    "stop at the first failed renewal, renew at two thirds": '''
+from labkit.timing import conservative_deadline
+
+def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):
+    def until(sent):
+        return conservative_deadline(sent, ttl, margin, max_drift)
+    deadline, renew_at = until(acquired_at), acquired_at + (until(acquired_at) - acquired_at) * 2 / 3
+    more = True
+    while more and clock.now() < deadline:
+        more = work()
+        if more and clock.now() >= renew_at:
+            sent = clock.now()
+            if not renew():
+                return                      # uncertain: stop at once (stricter than needed, still fine)
+            deadline = until(sent)
+            renew_at = sent + (deadline - sent) * 2 / 3
+''',
+}
+
+_LOOP = '''
+from labkit.timing import conservative_deadline
+
+def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):
+    deadline = conservative_deadline(acquired_at, ttl, margin, max_drift)
+    window = deadline - acquired_at
+    while clock.now() < deadline:
+        if not work():
+            return
+        if deadline - clock.now() < window / 2:
+            sent = clock.now()
+            if renew():
+                deadline = conservative_deadline(sent, ttl, margin, max_drift)
+'''
+
+HOLDER_WRONG = {
+    "deadline counted from the response's arrival": (_LOOP.replace(
+        "                deadline = conservative_deadline(sent, ttl, margin, max_drift)",
+        "                deadline = conservative_deadline(clock.now(), ttl, margin, max_drift)"),
+        "after the conservative deadline"),
+    "no margin": (_LOOP.replace("conservative_deadline(acquired_at, ttl, margin, max_drift)",
+                                "conservative_deadline(acquired_at, ttl, 0.0, max_drift)").replace(
+        "conservative_deadline(sent, ttl, margin, max_drift)", "conservative_deadline(sent, ttl, 0.0, max_drift)"),
+        "after the conservative deadline"),
+    "ignores drift": (_LOOP.replace("ttl, margin, max_drift)\n", "ttl, margin, 0.0)\n"),
+                      "after the conservative deadline"),
+    "keeps working while renewal is uncertain": ('''
+from labkit.timing import conservative_deadline
+
+def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):
+    deadline = conservative_deadline(acquired_at, ttl, margin, max_drift)
+    while work():
+        if deadline - clock.now() < ttl / 2:
+            sent = clock.now()
+            if renew():
+                deadline = conservative_deadline(sent, ttl, margin, max_drift)
+''', "after the conservative deadline"),
+    "checks the deadline only when renewing": ('''
+from labkit.timing import conservative_deadline
+
+def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):
+    deadline = conservative_deadline(acquired_at, ttl, margin, max_drift)
+    while True:
+        if deadline - clock.now() < ttl / 2:
+            sent = clock.now()
+            if not renew():
+                return
+            deadline = conservative_deadline(sent, ttl, margin, max_drift)
+        if not work():
+            return
+''', "after the conservative deadline"),
+    "never renews": ('''
+from labkit.timing import conservative_deadline
+
+def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):
+    deadline = conservative_deadline(acquired_at, ttl, margin, max_drift)
+    while clock.now() < deadline and work():
+        pass
+''', "finishes the job"),
+    "does nothing (a constant)": ('''
+def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):
+    return None
+''', "finishes the job"),
+    "waits for time to pass on its own": ('''
+from labkit.timing import conservative_deadline
+
+def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):
+    deadline = conservative_deadline(acquired_at, ttl, margin, max_drift)
+    while clock.now() < deadline - ttl / 2:
+        pass
+''', "the holder loop ends"),
+}
+
 # --------------------------------------------------------------------- 06.1 release
 RELEASE_RIGHT = {
     "sqlite-utils cursor, named parameters": '''
@@ -144,6 +291,8 @@ def backoff(attempt, *, base, cap, rng):
 }
 
 CORPUS = {
+    "05.1": {"name": "conservative_deadline", "right": DEADLINE_RIGHT, "wrong": DEADLINE_WRONG},
+    "05.2": {"name": "keep_working", "right": HOLDER_RIGHT, "wrong": HOLDER_WRONG},
     "06.1": {"name": "release", "right": RELEASE_RIGHT, "wrong": RELEASE_WRONG},
     "06.2": {"name": "backoff", "right": BACKOFF_RIGHT, "wrong": BACKOFF_WRONG},
 }
