@@ -1,0 +1,166 @@
+"""Real-browser test of the course notebooks: JupyterLab + headless Chromium.
+
+For every ``notebooks/*.ipynb`` it opens the notebook in JupyterLab, runs all
+cells, checks that no output shows an error, moves the first slider with the
+keyboard and checks that the plot under it changes, and saves a screenshot to
+``build/screenshots/<notebook-stem>.png``.
+
+Environment:
+
+* ``LABKIT_NOTEBOOK_ROOT`` - folder that holds ``notebooks/`` (default: the
+  project root); JupyterLab serves this folder.
+* ``LABKIT_REQUIRE_BROWSER=1`` - fail instead of skip when Chromium or
+  Playwright is missing.
+
+Needs Debian's ``/usr/bin/chromium`` and the ``playwright`` Python package;
+never run ``playwright install``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from browser_support import (
+    LabServer,
+    error_outputs,
+    first_slider_cell,
+    nudge_slider,
+    open_notebook,
+    plot_src,
+    run_all_cells,
+    unexecuted_cells,
+    wait_for_kernel_idle,
+    wait_for_new_plot,
+)
+
+PROJECT = Path(__file__).resolve().parent.parent
+NOTEBOOK_ROOT = Path(os.environ.get("LABKIT_NOTEBOOK_ROOT", PROJECT)).resolve()
+SCREENSHOTS = PROJECT / "build" / "screenshots"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+VIEWPORT = {"width": 1400, "height": 1000}
+
+KERNEL_TIMEOUT_MS = 30_000
+RUN_TIMEOUT_MS = 45_000
+PLOT_TIMEOUT_MS = 15_000
+SLIDER_PRESSES = 3
+
+NOTEBOOKS = sorted((NOTEBOOK_ROOT / "notebooks").glob("*.ipynb"))
+
+
+def missing_prerequisite() -> str | None:
+    """Why the browser test cannot run here, or None when it can."""
+    if not CHROMIUM.exists():
+        return f"{CHROMIUM} not found; install with `apt-get install -y chromium`"
+    if importlib.util.find_spec("playwright") is None:
+        return "the playwright package is missing; install with `pip install -e '.[test]'`"
+    return None
+
+
+def require_browser() -> None:
+    """Skip loudly, or fail under LABKIT_REQUIRE_BROWSER=1, if the browser can't run."""
+    reason = missing_prerequisite()
+    if reason is None:
+        return
+    if os.environ.get("LABKIT_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"browser test FAILED: {reason} (LABKIT_REQUIRE_BROWSER=1)")
+    message = (
+        f"browser test SKIPPED: {reason}, or set LABKIT_REQUIRE_BROWSER=1 to make this a failure"
+    )
+    print(f"\n*** {message} ***")
+    warnings.warn(message, pytest.PytestWarning, stacklevel=1)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def lab_server():
+    """One JupyterLab server serving NOTEBOOK_ROOT for the whole module."""
+    require_browser()
+    with tempfile.TemporaryDirectory(prefix="labkit-jupyter-") as workdir:
+        server = LabServer.start(NOTEBOOK_ROOT, Path(workdir))
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(lab_server):
+    """One headless Debian Chromium, driven by Playwright.
+
+    Requests ``lab_server`` first, so the prerequisites are checked before the import.
+    """
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser, lab_server):
+    """A fresh page per notebook; its kernels are shut down afterwards."""
+    new_page = browser.new_page(viewport=VIEWPORT)
+    yield new_page
+    new_page.close()
+    lab_server.shutdown_kernels()
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[nb.stem for nb in NOTEBOOKS])
+def test_notebook_in_browser(notebook: Path, lab_server, page):
+    """Run the notebook in JupyterLab; its slider must redraw the plot."""
+    started = time.monotonic()
+    url = lab_server.notebook_url(notebook.relative_to(NOTEBOOK_ROOT).as_posix())
+    try:
+        open_notebook(page, url, KERNEL_TIMEOUT_MS)
+        run_all_cells(page, RUN_TIMEOUT_MS)
+        check_outputs(page)
+        check_slider_redraws_plot(page)
+        check_outputs(page)  # the slider's callbacks must not fail either
+    finally:
+        save_screenshot(page, notebook.stem)
+        print(f"{notebook.name}: {time.monotonic() - started:.1f} s in the browser")
+
+
+def check_outputs(page) -> None:
+    """No output shows an error, and every code cell ran."""
+    errors = error_outputs(page)
+    assert not errors, "cell outputs show errors:\n" + "\n-----\n".join(errors)
+    skipped = unexecuted_cells(page)
+    assert not skipped, "code cells did not run:\n" + "\n-----\n".join(skipped)
+
+
+def check_slider_redraws_plot(page) -> None:
+    """Moving the first slider with the keyboard changes the plot below it."""
+    cell = first_slider_cell(page)
+    assert cell.count(), "no ipywidgets slider (.widget-slider) in the notebook"
+    cell.scroll_into_view_if_needed()
+    before = plot_src(cell, PLOT_TIMEOUT_MS)
+    nudge_slider(cell, SLIDER_PRESSES)
+    wait_for_new_plot(page, cell, before, PLOT_TIMEOUT_MS)
+    wait_for_kernel_idle(page, KERNEL_TIMEOUT_MS)
+
+
+def save_screenshot(page, stem: str) -> None:
+    """Save a full-page screenshot to build/screenshots/<stem>.png."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{stem}.png"
+    page.screenshot(path=str(path), full_page=True)
+    print(f"screenshot: {path}")
