@@ -1,0 +1,566 @@
+"""Live: real worker processes on one SQLite file, in real time, in front of an audience.
+
+:class:`Team` starts the invoice workers of :mod:`labkit.procs` as OS processes
+and gives you the hands to freeze (``SIGSTOP``), thaw (``SIGCONT``), kill
+(``SIGKILL``) and restart them, and to switch the write path between protected
+and unprotected while they run. :class:`Demo` adds timed pauses and a timeline
+that redraws while it runs; :func:`run_demo` plays the whole story in one cell.
+
+Every process a team starts is stopped by :meth:`Team.stop`, by leaving a
+``with`` block (a kernel interrupt included), at interpreter exit, and, if the
+kernel itself dies (a kernel restart), by Linux: each worker asks for
+``PR_SET_PDEATHSIG``. Start teams from a long-lived thread (a notebook's main
+thread is one): Linux ties that signal to the thread that started the child.
+
+This module reads the real clock on purpose.
+
+Example (a notebook cell)::
+
+    demo = labkit.live.Demo(workers=2, ttl=2.0).start()
+    demo.pause("A", 5)      # A really stops: /proc says state T
+    demo.watch(10)          # the timeline redraws while B takes over
+    demo.stop()
+"""
+
+from __future__ import annotations
+
+import atexit
+import io
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+import weakref
+from collections import Counter
+from dataclasses import asdict
+
+from .clock import RealClock
+from .db import connect, execute, transaction
+from .errors import BadArgument, BadArgumentType, Busy
+from .history import Event, check
+from .lease import LeaseAuthority
+from .procs import IDLE, IN_TX, JOB, WORKING, Board, Journal, WorkerSpec, prepare, read_journals
+
+__all__ = ["Team", "Demo", "run_demo", "draw", "proc_state"]
+
+_TEAMS: "weakref.WeakSet[Team]" = weakref.WeakSet()
+
+
+def _locked(method):
+    def wrapper(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    wrapper.__name__, wrapper.__doc__ = method.__name__, method.__doc__
+    return wrapper
+
+
+def proc_state(pid: int) -> str | None:
+    """Return the kernel's state letter for ``pid`` (``R``, ``S``, ``T``, ``Z``...), or None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+class Team:
+    """Worker processes running the invoice job on one SQLite file.
+
+    Args:
+        workers: how many (1 to 26), named ``"A"``, ``"B"``, ...
+        path: the SQLite file (default: a new file in a temporary folder).
+        protected: start on the protected write path.
+        seed: seeds every worker's random numbers (with its name and incarnation).
+        ttl, work, hold, rest, invoices, redeliver, busy_timeout_ms, seconds:
+            passed to each worker (see :class:`labkit.procs.WorkerSpec`).
+
+    Counts (``team.counts``): ``freezes``, ``freezes_past_lease`` (a lease holder
+    thawed after its lease had expired), ``kills``, ``kills_in_tx`` (killed while
+    inside ``BEGIN IMMEDIATE``, checked against the write lock itself), ``restarts``.
+
+    Example:
+        >>> with Team(2, ttl=0.5, seconds=1.0) as team:   # doctest: +SKIP
+        ...     team.start(); time.sleep(1.5); team.check()
+        []
+    """
+
+    def __init__(self, workers: int = 2, *, path: str | None = None, protected: bool = True,
+                 seed: int = 0, ttl: float = 1.0, work=(0.1, 0.3), hold=(0.005, 0.02),
+                 rest=(0.0, 0.1), invoices: int = 3, redeliver: float = 0.0,
+                 busy_timeout_ms: int = 200, seconds: float | None = None) -> None:
+        if isinstance(workers, bool) or not isinstance(workers, int):
+            raise BadArgumentType("workers", f"must be an int, got {type(workers).__name__}")
+        if not 1 <= workers <= 26:
+            raise BadArgument("workers", f"must be 1 to 26, got {workers}")
+        self.run_dir = tempfile.mkdtemp(prefix="labkit-live-")
+        for folder in ("journal", "logs"):
+            os.makedirs(os.path.join(self.run_dir, folder))
+        self.path = os.fspath(path) if path is not None else os.path.join(self.run_dir, "lab.db")
+        prepare(self.path)
+        self.names = [chr(ord("A") + i) for i in range(workers)]
+        self.board = Board(os.path.join(self.run_dir, "board"), workers, protected)
+        self.run, self.seed, self.t0 = uuid.uuid4().hex[:12], seed, time.monotonic()
+        self.options = dict(ttl=ttl, work=tuple(work), hold=tuple(hold), rest=tuple(rest),
+                            invoices=invoices, redeliver=redeliver,
+                            busy_timeout_ms=busy_timeout_ms, seconds=seconds)
+        self.db = connect(self.path, busy_timeout_ms=busy_timeout_ms)
+        self._probe = connect(self.path, busy_timeout_ms=0)
+        self.leases = LeaseAuthority(self.db, RealClock())
+        self.journal = Journal(os.path.join(self.run_dir, "journal", "team.jsonl"))
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.incarnation: Counter = Counter()
+        self.counts: Counter = Counter()
+        self._frozen: dict[str, tuple | None] = {}
+        self._lock = threading.RLock()
+        _TEAMS.add(self)
+
+    # -- time, state ---------------------------------------------------------------
+    def now(self) -> float:
+        """Seconds since the team was made (the time axis of its history)."""
+        return time.monotonic() - self.t0
+
+    @property
+    def protected(self) -> bool:
+        """True while workers take the protected write path; assign to switch it live."""
+        return self.board.protected
+
+    @protected.setter
+    def protected(self, value: bool) -> None:
+        self.board.protected = value
+        self._note("", "mode", "protected" if value else "unprotected")
+
+    def pid(self, name: str) -> int | None:
+        """The pid of ``name``'s current process, or None if it never started."""
+        proc = self.procs.get(self._check(name))
+        return proc.pid if proc else None
+
+    def alive(self, name: str) -> bool:
+        """True while ``name``'s current process has not exited."""
+        proc = self.procs.get(self._check(name))
+        return proc is not None and proc.poll() is None
+
+    def state(self, name: str) -> str | None:
+        """The kernel's state letter of ``name``'s process (``T`` while frozen)."""
+        return proc_state(self.pid(name)) if self.alive(name) else None
+
+    def phase(self, name: str) -> int:
+        """``name``'s phase on the board (``procs.IDLE``, ``LEASED``, ``WORKING``, ``IN_TX``)."""
+        return self.board.phase(self.names.index(self._check(name)))
+
+    def holder(self):
+        """The unexpired lease on the invoice job, or None."""
+        with self._lock:
+            return self.leases.current(JOB)
+
+    def lock_held(self) -> bool:
+        """True if some connection holds the write lock right now (probed with ``BEGIN IMMEDIATE``)."""
+        with self._lock:
+            try:
+                with transaction(self._probe):
+                    return False
+            except Busy:
+                return True
+
+    # -- hands -----------------------------------------------------------------------
+    def start(self, *names: str) -> "Team":
+        """Start the named workers (default: every worker not running); a dead one is restarted."""
+        for name in names or self.names:
+            if not self.alive(name):
+                self._spawn(name)
+        return self
+
+    @_locked
+    def freeze(self, name: str) -> int | None:
+        """SIGSTOP ``name`` and wait until the kernel reports it stopped; return its phase then."""
+        if not self.alive(name) or name in self._frozen:
+            return None
+        if not self._stop_now(name):
+            return None
+        held = self.holder()
+        self._frozen[name] = (held.generation,) if held and held.owner == name else None
+        self.counts["freezes"] += 1
+        self._note(name, "pause", "ok", None if held is None else held.generation)
+        return self.phase(name)
+
+    @_locked
+    def thaw(self, name: str) -> bool | None:
+        """SIGCONT a frozen ``name``; return whether it had held a lease that expired meanwhile."""
+        if name not in self._frozen:
+            return None
+        lease = self._frozen.pop(name)
+        if self.alive(name):
+            os.kill(self.pid(name), signal.SIGCONT)
+        past = None
+        if lease is not None:
+            held = self.holder()
+            past = held is None or (held.owner, held.generation) != (name, lease[0])
+            self.counts["freezes_past_lease"] += past
+        self._note(name, "resume", "past_lease" if past else "ok")
+        return past
+
+    @_locked
+    def kill(self, name: str) -> bool | None:
+        """SIGKILL ``name``; return True if it died inside ``BEGIN IMMEDIATE`` (None if not running).
+
+        The process is stopped first, so its phase can be read while it cannot
+        change; a phase of ``IN_TX`` is then confirmed by finding the write lock
+        held. The killed transaction rolls back, and the lock is free at once.
+        """
+        if not self.alive(name) or (name not in self._frozen and not self._stop_now(name)):
+            return None
+        slot = self.names.index(name)
+        in_tx = self.board.phase(slot) == IN_TX
+        if in_tx and not self.lock_held():
+            raise RuntimeError(f"{name} is marked inside a transaction but the write lock is free")
+        self.procs[name].kill()
+        self.procs[name].wait()
+        self._frozen.pop(name, None)
+        self.board.set_phase(slot, IDLE)
+        self.counts["kills"] += 1
+        self.counts["kills_in_tx"] += in_tx
+        self._note(name, "crash", "in_tx" if in_tx else "outside_tx")
+        return in_tx
+
+    @_locked
+    def kill_if_in_tx(self, name: str) -> bool:
+        """Stop ``name`` for an instant: if it is inside ``BEGIN IMMEDIATE``, SIGKILL it (True);
+        otherwise let it continue (False). Frozen or dead workers are left alone (False)."""
+        if not self.alive(name) or name in self._frozen or not self._stop_now(name):
+            return False
+        if self.phase(name) == IN_TX:
+            return bool(self.kill(name))
+        os.kill(self.pid(name), signal.SIGCONT)
+        return False
+
+    def exited(self) -> dict[str, int]:
+        """Workers whose process exited by itself (not through :meth:`kill`), with exit codes."""
+        return {name: proc.returncode for name, proc in self.procs.items()
+                if proc.poll() is not None and proc.returncode != -signal.SIGKILL}
+
+    def finish(self, timeout: float = 5.0) -> None:
+        """Thaw everyone, let workers end on their own (``seconds``) for up to ``timeout``, then stop."""
+        for name in list(self._frozen):
+            self.thaw(name)
+        deadline = time.monotonic() + timeout
+        while any(self.alive(n) for n in self.procs) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.stop()
+
+    def stop(self) -> None:
+        """SIGKILL every process this team started and reap them. Safe to call twice."""
+        self._frozen.clear()
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+    def __enter__(self) -> "Team":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- what happened ---------------------------------------------------------------
+    def history(self) -> list[Event]:
+        """Every event so far, in time order: the journals plus the committed writes."""
+        with self._lock:
+            rows = execute(self.db, "SELECT time, worker, action, outcome, generation, key, target, "
+                                    "until FROM history WHERE run = ?", (self.run,))
+        events = read_journals(os.path.join(self.run_dir, "journal")) + [Event(*row) for row in rows]
+        return sorted(events, key=lambda e: e.time)
+
+    def final(self) -> dict[str, int]:
+        """The committed state: ``{invoice: generation}``."""
+        with self._lock:
+            return dict(execute(self.db, "SELECT invoice_id, generation FROM invoices WHERE job_id = ?",
+                                (JOB,)))
+
+    def ledger(self) -> list[tuple[str, int, int]]:
+        """Invoices whose amount is not the sum of their committed charge lines: (invoice, amount, lines)."""
+        with self._lock:
+            return execute(self.db, """
+                SELECT i.invoice_id, i.amount, COALESCE(SUM(l.amount), 0) FROM invoices AS i
+                LEFT JOIN invoice_lines AS l ON l.invoice_id = i.invoice_id
+                WHERE i.job_id = ? GROUP BY i.invoice_id
+                HAVING i.amount != COALESCE(SUM(l.amount), 0) ORDER BY i.invoice_id""", (JOB,))
+
+    def check(self):
+        """Run :func:`labkit.history.check` over the history and the final state."""
+        return check(self.history(), final=self.final())
+
+    # -- inside ------------------------------------------------------------------------
+    def _check(self, name: str) -> str:
+        if name not in self.names:
+            raise BadArgument("worker", f"must be one of {self.names}, got {name!r}")
+        return name
+
+    def _note(self, name, action, outcome, generation=None) -> None:
+        self.journal.append(Event(self.now(), name, action, outcome, generation))
+
+    def _stop_now(self, name: str) -> bool:
+        pid = self.pid(name)
+        os.kill(pid, signal.SIGSTOP)
+        while (state := proc_state(pid)) not in ("T", "t"):
+            if state in (None, "Z", "X"):
+                return False
+            time.sleep(0.0005)
+        return True
+
+    def _spawn(self, name: str) -> None:
+        self.incarnation[name] += 1
+        number = self.incarnation[name]
+        self.counts["restarts"] += number > 1
+        seed = random.Random(f"{self.seed}/{name}/{number}").randrange(2 ** 32)
+        spec = WorkerSpec(path=self.path, run_dir=self.run_dir, run=self.run, slot=self.names.index(name),
+                          name=name, incarnation=number, seed=seed, t0=self.t0, parent=os.getpid(),
+                          **self.options)
+        self.board.set_phase(spec.slot, IDLE)
+        with open(os.path.join(self.run_dir, "logs", f"{name}.{number}.err"), "wb") as log:
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "labkit.procs", json.dumps(asdict(spec))],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+                start_new_session=True)   # a Ctrl-C or kernel interrupt is the parent's to handle
+
+    def __repr__(self) -> str:
+        running = [n for n in self.procs if self.alive(n)]
+        return f"{type(self).__name__}(workers={self.names}, running={running}, path={self.path!r})"
+
+
+class Demo(Team):
+    """A team for the lecture hall: timed pauses and a timeline that redraws while it runs.
+
+    Work, hold and rest times scale with ``ttl`` so that the story is visible
+    at human speed: a worker works about half a lease after each read.
+
+    Example:
+        >>> demo = Demo(workers=2, ttl=2.0, protected=True).start()   # doctest: +SKIP
+        >>> demo.pause("A", 5); demo.watch(8); demo.stop()             # doctest: +SKIP
+    """
+
+    def __init__(self, workers: int = 2, ttl: float = 2.0, protected: bool = True,
+                 path: str | None = None, *, seed: int = 0, invoices: int = 3) -> None:
+        super().__init__(workers, path=path, protected=protected, seed=seed, ttl=ttl,
+                         work=(0.4 * ttl, 0.6 * ttl), hold=(0.03 * ttl, 0.06 * ttl),
+                         rest=(0.3 * ttl, 0.6 * ttl), invoices=invoices,
+                         busy_timeout_ms=max(200, int(250 * ttl)))
+        self._timers: list[threading.Timer] = []
+        self.story: dict = {}
+
+    def pause(self, worker: str, seconds: float) -> int | None:
+        """Freeze ``worker`` now (SIGSTOP) and thaw it (SIGCONT) after ``seconds``; return its phase."""
+        phase = self.freeze(worker)
+        if phase is not None:
+            timer = threading.Timer(seconds, self.thaw, (worker,))
+            timer.daemon = True
+            timer.start()
+            self._timers.append(timer)
+        return phase
+
+    def resume(self, worker: str) -> bool | None:
+        """Thaw ``worker`` now (see :meth:`Team.thaw`)."""
+        return self.thaw(worker)
+
+    def stop(self) -> None:
+        """Cancel pending thaws, then stop every process (see :meth:`Team.stop`)."""
+        for timer in self._timers:
+            timer.cancel()
+        super().stop()
+
+    def draw(self, ax=None):
+        """Draw the timeline so far (see :func:`draw`); return the axes."""
+        mode = "protected" if self.protected else "unprotected"
+        return draw(self.history(), ax, now=self.now(), title=self.story.get("caption", mode))
+
+    def watch(self, seconds: float, every: float = 0.3, show: bool = True) -> None:
+        """Redraw the timeline every ``every`` seconds for ``seconds`` (in a notebook)."""
+        screen, end = _Screen(show), time.monotonic() + seconds
+        while time.monotonic() < end:
+            screen.update(self)
+            time.sleep(every)
+        screen.update(self)
+
+
+class _Screen:
+    """One image in the notebook, replaced on every update (nothing outside IPython)."""
+
+    def __init__(self, show: bool) -> None:
+        self.handle, self.show = None, show and "IPython" in sys.modules
+        if self.show:
+            from IPython import get_ipython
+            self.show = get_ipython() is not None
+
+    def update(self, demo: Demo) -> None:
+        if not self.show:
+            return
+        from IPython.display import Image, display
+        from matplotlib.figure import Figure
+        figure = Figure(figsize=(9, 1.2 + 0.7 * len(demo.names)))
+        demo.draw(figure.subplots())
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", dpi=80, bbox_inches="tight")
+        image = Image(data=buffer.getvalue())
+        if self.handle is None:
+            self.handle = display(image, display_id=True)
+        else:
+            self.handle.update(image)
+
+
+def _story(demo: Demo):
+    """A holds the lease and is frozen mid-work; B takes over and commits; A resumes and writes."""
+    demo.start("A")
+    while (held := demo.holder()) is None or held.owner != "A":
+        yield
+    demo.start("B")
+    while True:
+        while demo.phase("A") != WORKING:
+            yield
+        if demo.freeze("A") == WORKING and demo._frozen.get("A"):
+            break
+        demo.thaw("A")
+        yield
+    generation = demo._frozen["A"][0]
+    demo.story.update(frozen="A", generation=generation,
+                      caption=f"A frozen with generation {generation}; waiting for B")
+    while not any(e.worker == "B" and e.action == "write" and e.outcome == "ok"
+                  and e.generation > generation for e in demo.history()):
+        yield
+    beat = demo.now() + demo.options["ttl"] / 2
+    while demo.now() < beat:
+        yield
+    demo.thaw("A")
+    while not (seen := [e for e in demo.history() if e.worker == "A" and e.action == "write"
+                        and e.generation == generation and e.outcome in ("ok", "rejected")]):
+        yield
+    demo.story["outcome"] = seen[0].outcome
+    demo.story["caption"] = (f"A's stale write (generation {generation}) "
+                             + ("bounced off the fence" if seen[0].outcome == "rejected" else "landed"))
+
+
+def run_demo(seconds: float | None = None, *, protected: bool = True, ttl: float | None = None,
+             path: str | None = None, show: bool = True, every: float = 0.3) -> Demo:
+    """Play the story with two real processes and a live timeline, then stop them all.
+
+    A acquires the lease and starts working; A is frozen (SIGSTOP) past its
+    lease; B takes over and commits; A is resumed and its stale write is
+    rejected by the fence (``protected=True``) or lands (``protected=False``).
+    The demo then keeps running until ``seconds`` have passed.
+
+    Args:
+        seconds: how long to run (default: ``$LABKIT_LIVE_SECONDS``, else 20).
+        protected: the write path. ttl: the lease (default: seconds / 10, within 0.5 to 2).
+        path: the SQLite file (default: a temporary one). show: draw in the notebook.
+        every: seconds between redraws.
+
+    Returns:
+        The stopped :class:`Demo`: ``demo.history()``, ``demo.check()``, ``demo.story``.
+
+    Raises:
+        KeyboardInterrupt: after stopping every process, if the cell is interrupted.
+    """
+    if seconds is None:
+        seconds = float(os.environ.get("LABKIT_LIVE_SECONDS", "20"))
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < 3600:
+        raise BadArgument("seconds", f"must be a number of seconds in (0, 3600), got {seconds!r}")
+    ttl = ttl if ttl is not None else min(2.0, max(0.5, seconds / 10))
+    demo, screen = Demo(2, ttl, protected, path), _Screen(show)
+    story, telling = _story(demo), True
+    end, last = seconds, -every
+    try:
+        while telling or demo.now() < end:
+            if telling:
+                telling = next(story, StopIteration) is not StopIteration
+            if demo.now() > end + 20 * ttl:
+                break
+            if demo.now() - last >= every:
+                screen.update(demo)
+                last = demo.now()
+            time.sleep(0.05)
+    finally:
+        demo.stop()
+    screen.update(demo)
+    return demo
+
+
+def draw(history, ax=None, *, now: float | None = None, title: str | None = None):
+    """Draw a run as one lane per worker: leases, freezes, writes, crashes and violations.
+
+    Leases are blue bars labelled with their generation (to the authority's
+    expiry, or the release); freezes are hatched; committed writes are green
+    dots, rejected ones red crosses, duplicates stopped by a key orange
+    diamonds, kills black crosses (filled when inside a transaction); every
+    event :func:`labkit.history.check` flags gets a red ring.
+
+    Args:
+        history: events. ax: matplotlib axes (default: a new figure's).
+        now: the right edge (default: the last event). title: the axes' title.
+
+    Returns:
+        The axes.
+    """
+    if ax is None:
+        from matplotlib.figure import Figure
+        ax = Figure(figsize=(9, 3)).subplots()
+    events = sorted(history, key=lambda e: e.time)
+    workers = sorted({e.worker for e in events if e.worker})
+    lane = {w: i for i, w in enumerate(workers)}
+    end = now if now is not None else max([e.time for e in events] + [1.0])
+    leases, pauses, open_lease, open_pause = [], [], {}, {}
+    for e in events:
+        if e.action == "acquire" and e.outcome == "ok":
+            if e.worker in open_lease:
+                leases.append(open_lease.pop(e.worker))
+            open_lease[e.worker] = [e.worker, e.time, e.until, e.generation]
+        elif e.action == "renew" and e.outcome == "ok" and e.worker in open_lease:
+            open_lease[e.worker][2] = e.until
+        elif e.action == "release" and e.outcome == "ok" and e.worker in open_lease:
+            span = open_lease.pop(e.worker)
+            leases.append([span[0], span[1], min(span[2], e.time), span[3]])
+        elif e.action == "pause":
+            open_pause[e.worker] = e.time
+        elif e.action in ("resume", "crash") and e.worker in open_pause:
+            pauses.append((e.worker, open_pause.pop(e.worker), e.time))
+    leases += open_lease.values()
+    pauses += [(w, t, end) for w, t in open_pause.items()]
+    for worker, start, until, generation in leases:
+        until = min(until if until is not None else end, end)
+        ax.broken_barh([(start, until - start)], (lane[worker] - 0.25, 0.5), color="#9ecae1")
+        if len(leases) <= 40:
+            ax.text(start, lane[worker] + 0.3, f"g{generation}", fontsize=8, color="#08519c")
+    for worker, start, stop in pauses:
+        ax.broken_barh([(start, stop - start)], (lane[worker] - 0.35, 0.7), facecolor="none",
+                       edgecolor="#555555", hatch="///")
+    styles = {("write", "ok"): ("o", "#2ca02c", "write committed"),
+              ("write", "rejected"): ("x", "#d62728", "write rejected"),
+              ("write", "duplicate"): ("D", "#ff7f0e", "duplicate stopped"),
+              ("crash", "in_tx"): ("X", "black", "killed in transaction"),
+              ("crash", "outside_tx"): ("x", "black", "killed")}
+    for (action, outcome), (marker, color, label) in styles.items():
+        points = [(e.time, lane[e.worker]) for e in events
+                  if (e.action, e.outcome) == (action, outcome) and e.worker]
+        if points:
+            ax.scatter(*zip(*points), marker=marker, color=color, s=40, label=label, zorder=3)
+    flagged = [(v.event.time, lane[v.event.worker]) for v in check(events) if v.event.worker in lane]
+    if flagged:
+        ax.scatter(*zip(*flagged), s=220, facecolors="none", edgecolors="#d62728", linewidths=2,
+                   label="violation", zorder=4)
+    ax.set_yticks(range(len(workers)), workers)
+    ax.set_ylim(-0.7, max(len(workers) - 0.3, 0.7))
+    ax.set_xlim(0, max(end, 1e-3))
+    ax.set_xlabel("seconds")
+    if title:
+        ax.set_title(title)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    return ax
+
+
+@atexit.register
+def _stop_all() -> None:
+    for team in list(_TEAMS):
+        team.stop()
