@@ -454,3 +454,490 @@ def backoff_check(answer, schedule: Schedule, history: list) -> None:
                    "(exponential growth, up to the cap)", f"the largest of {SAMPLES} delays was {high:g}")
     finally:
         random.setstate(saved)
+
+
+# ---------------------------------------------------------------- 07.1 sweeper
+
+def _sweep_knobs(rng: random.Random) -> dict:
+    return {"jobs": rng.randint(3, 8), "mover": rng.choice(["checkpoint", "finish", "taken"]),
+            "inject_at": rng.randrange(0, 5), "older_than": rng.choice([10.0, 30.0, 60.0])}
+
+
+SWEEP_HOSTILE = [
+    {"name": "old unfinished, fresh, finished and queued claims; nobody moves", "jobs": 6, "mover": None,
+     "inject_at": 0, "older_than": 30.0},
+    {"name": "B checkpoints progress just before the sweeper's 2nd statement", "jobs": 4,
+     "mover": "checkpoint", "inject_at": 2, "older_than": 30.0},
+    {"name": "B finishes its job just before the sweeper's 2nd statement", "jobs": 4, "mover": "finish",
+     "inject_at": 2, "older_than": 30.0},
+    {"name": "another sweeper requeues and C claims, before the sweeper's 2nd statement", "jobs": 4,
+     "mover": "taken", "inject_at": 2, "older_than": 30.0},
+    {"name": "B checkpoints just before the sweeper's 3rd statement", "jobs": 5, "mover": "checkpoint",
+     "inject_at": 3, "older_than": 10.0},
+    {"name": "B finishes just before the sweeper's 1st statement", "jobs": 3, "mover": "finish",
+     "inject_at": 1, "older_than": 60.0},
+]
+
+
+def _claim_rows(db) -> dict:
+    return {r[0]: r[1:] for r in execute(db, "SELECT job, owner, state, progress FROM claims ORDER BY job")}
+
+
+@task("07.1", "the careful sweeper", schedules(SWEEP_HOSTILE, count=24, make=_sweep_knobs))
+def sweep_check(answer, schedule: Schedule, history: list) -> None:
+    """Trial for 07.1: ``answer(db, now, older_than) -> list of requeued jobs``."""
+    from .recovery import Claims
+    rng, k = schedule.rng, schedule.knobs
+    older = k["older_than"]
+    with _database() as (db, other):
+        clock = VirtualClock(rng.uniform(1000, 5000))
+        claims = Claims(other, clock)
+        kinds = (["stale", "fresh", "done", "queued"] if k["jobs"] >= 4 else ["stale", "stale", "done"]) + [
+            rng.choice(["stale", "stale", "fresh", "done", "queued"]) for _ in range(k["jobs"] - 4)]
+        rng.shuffle(kinds)
+        jobs = [f"run-{rng.randrange(10_000)}-{i}" for i in range(len(kinds))]
+        for i, (job, kind) in enumerate(zip(jobs, kinds)):   # the old ones first, at old times
+            if kind in ("stale", "done"):
+                claims.enqueue(job)
+                c = claims.claim(job, rng.choice("BDEF"), 7 + i)
+                history.append(Event(clock.now(), c.owner, "acquire", "ok", c.generation, target=job))
+                for _ in range(rng.randrange(0, 3)):
+                    c = claims.checkpoint(c, c.progress + 1)
+                if kind == "done":
+                    claims.finish(c)
+            clock.advance(rng.uniform(0.1, 1.0))
+        clock.advance(older + rng.uniform(1, 20))
+        for i, (job, kind) in enumerate(zip(jobs, kinds)):    # then the fresh ones
+            if kind in ("fresh", "queued"):
+                claims.enqueue(job)
+                if kind == "fresh":
+                    c = claims.claim(job, rng.choice("BDEF"), 20 + i)
+                    claims.checkpoint(c, 1)
+        clock.advance(rng.uniform(0.1, older / 2))
+        now, before = clock.now(), _claim_rows(db)
+        stale = [j for j, kind in zip(jobs, kinds) if kind == "stale"]
+        moved = rng.choice(stale) if stale and k["mover"] else None
+
+        def move() -> bool:
+            c = claims.get(moved)
+            if k["mover"] == "checkpoint":
+                claims.checkpoint(c, c.progress + 1)
+            elif k["mover"] == "finish":
+                claims.finish(c)
+            else:
+                claims.requeue(c)
+                claims.claim(moved, "C", 99)
+            history.append(Event(clock.now(), c.owner if k["mover"] != "taken" else "C",
+                                 "write", "ok", c.generation, target=f"{moved} ({k['mover']})"))
+            seen["after"] = _claim_rows(other)[moved]
+            return True
+
+        seen = {"after": None}
+        with _between_statements(db, k["inject_at"] if moved else 0, move) as race:
+            got = answer(db, now, older)
+        after = _claim_rows(db)
+        expected = dict(before)
+        for job in stale:
+            if job == moved and race["done"]:
+                expected[job] = seen["after"]
+            else:
+                expected[job] = (after[job][0] if after[job][1] == "queued" else before[job][0],
+                                 "queued", before[job][2])
+        requeued = sorted(j for j in stale if not (j == moved and race["done"]))
+        for job in requeued:
+            history.append(Event(now, "sweeper", "write", "ok" if after[job][1] == "queued" else "rejected",
+                                 target=f"{job} requeued"))
+        for job in jobs:
+            what = {"stale": f"unfinished and untouched for more than {older:g} s",
+                    "fresh": "recently updated by its owner", "done": "finished", "queued": "already queued"}
+            kind = kinds[jobs.index(job)]
+            if job == moved and race["done"]:
+                story = f"it was old, but its owner {'moved it on' if k['mover'] != 'taken' else 'changed'} " \
+                        f"({k['mover']}) while the sweeper ran"
+                expect(after[job] == expected[job], "the sweeper never requeues a claim that moved on "
+                                                    "after it was read", f"{job}: {story}; now {after[job]}")
+            elif kind == "stale":
+                expect(after[job][1:] == ("queued", before[job][2]),
+                       "the sweeper requeues every old unfinished claim, keeping its progress",
+                       f"{job} ({what[kind]}): before {before[job]}, after {after[job]}")
+            else:
+                expect(after[job] == before[job], f"the sweeper leaves a claim that is {what[kind]} alone",
+                       f"{job}: before {before[job]}, after {after[job]}")
+        expect(isinstance(got, (list, tuple, set)) and sorted(got) == requeued,
+               "the sweeper returns the jobs it requeued", f"it returned {got!r}, requeued {requeued}")
+        if moved and not race["done"]:
+            move_after = claims.get(moved)
+            expect(move_after.state == "queued", "the sweeper requeues every old unfinished claim",
+                   f"{moved}: {move_after}")
+
+
+# ---------------------------------------------------------------- 07.2 resume with operation ids
+
+@contextlib.contextmanager
+def _process(db, dies):
+    """Run a worker on ``db`` whose process dies when ``dies(sql)`` first says so.
+
+    ``dies`` is asked before every SQL statement. From that statement on,
+    every statement on ``db`` is interrupted, so nothing more commits; the
+    caller closes the connection afterwards, which rolls back what was open.
+    """
+    seen = {"dead": False}
+
+    def trace(sql: str) -> None:
+        if not seen["dead"] and dies(sql):
+            seen["dead"] = True
+
+    db.conn.set_trace_callback(trace)
+    db.conn.set_progress_handler(lambda: 1 if seen["dead"] else 0, 1)
+    try:
+        yield seen
+    finally:
+        db.conn.set_trace_callback(None)
+        db.conn.set_progress_handler(None, 1)
+
+
+def _resume_knobs(rng: random.Random) -> dict:
+    return {"units": rng.randint(3, 9), "every": rng.choice([2, 3, 4]),
+            "dies_after": rng.choice([0, rng.randint(1, 8)]), "statement": rng.randint(1, 40)}
+
+
+RESUME_HOSTILE = [
+    {"name": "B dies just after its 4th invoice commits, before the checkpoint catches up", "units": 6,
+     "every": 3, "dies_after": 4, "statement": 0},
+    {"name": "B dies just after its 2nd invoice commits", "units": 5, "every": 4, "dies_after": 2, "statement": 0},
+    {"name": "B dies at its 3rd SQL statement", "units": 4, "every": 2, "dies_after": 0, "statement": 3},
+    {"name": "nobody dies", "units": 7, "every": 3, "dies_after": 0, "statement": 0},
+]
+
+
+@task("07.2", "resuming with operation ids", schedules(RESUME_HOSTILE, count=16, make=_resume_knobs))
+def resume_check(answer, schedule: Schedule, history: list) -> None:
+    """Trial for 07.2: ``answer(claims, claim, units, issue_invoice, *, every)``."""
+    from .recovery import Claims
+    rng, k = schedule.rng, schedule.knobs
+    job = f"invoice-run-{rng.randrange(1000)}"
+    units = [(f"c{i + 1}", rng.randrange(50, 500)) for i in range(k["units"])]
+    with _database() as (admin, _):
+        path = execute(admin, "PRAGMA database_list")[0][2]
+        execute(admin, "CREATE TABLE issued (number INTEGER PRIMARY KEY AUTOINCREMENT, unit TEXT NOT NULL, "
+                       "amount INTEGER NOT NULL, generation INTEGER NOT NULL)")
+        clock = VirtualClock(rng.uniform(0, 100))
+        desk = Claims(admin, clock)
+        desk.enqueue(job)
+
+        def issue_invoice(tx, unit, amount):
+            """The billing effect: every call issues a NEW invoice number."""
+            number = tx.execute("INSERT INTO issued(unit, amount, generation) VALUES (?, ?, ?) RETURNING number",
+                                (unit, amount, tx.token[1]))[0][0]
+            tx.execute("INSERT INTO invoices(job_id, invoice_id, amount, generation) VALUES (?, ?, ?, ?)",
+                       (job, f"INV-{number}", amount, tx.token[1]))
+            return number
+
+        def issued() -> int:
+            return execute(admin, "SELECT COUNT(*) FROM issued")[0][0]
+
+        def run(owner: str, generation: int, dies_after: int, statement: int) -> bool:
+            conn = connect(path, busy_timeout_ms=0)
+            claim = Claims(conn, clock).claim(job, owner, generation)
+            history.append(Event(clock.now(), owner, "acquire", "ok", generation, target=job))
+            start, count = issued(), {"sql": 0, "batches": []}
+
+            def dies(sql: str) -> bool:
+                count["sql"] += 1
+                if sql.lstrip().upper().startswith("COMMIT"):
+                    count["batches"].append(issued())
+                return (statement and count["sql"] >= statement) or \
+                    (dies_after and sql.lstrip().upper().startswith(("COMMIT", "BEGIN"))
+                     and issued() - start >= dies_after)
+            try:
+                with _process(conn, dies) as fate:
+                    try:
+                        answer(Claims(conn, clock), claim, list(units), issue_invoice, every=k["every"])
+                    except Exception:
+                        if not fate["dead"]:
+                            raise
+            finally:
+                conn.conn.close()
+            for number, unit in execute(admin, "SELECT number, unit FROM issued WHERE number > ?", (start,)):
+                history.append(Event(clock.now(), owner, "write", "ok", generation,
+                                     key=f"{job}/{unit}", target=f"INV-{number} ({unit})"))
+            if fate["dead"]:
+                history.append(Event(clock.now(), owner, "crash", "ok"))
+            after = desk.get(job)
+            bumps = after.version - claim.version - (after.state == "done")
+            todo = len(units) - claim.progress
+            expect(bumps <= -(-todo // k["every"]) + 1,
+                   f"progress is checkpointed at most once per {k['every']} units (checkpoints are costly)",
+                   f"{owner} changed its claim {bumps} times for {todo} units")
+            marks = count["batches"] + [issued()]
+            expect(all(b - a <= 1 for a, b in zip(marks, marks[1:])),
+                   "each invoice commits in its own fenced transaction", "one commit carried several invoices")
+            return fate["dead"]
+
+        died = run("B", 7, k["dies_after"], k["statement"])
+        if died and desk.get(job).state != "done":
+            clock.advance(60)
+            expect(len(desk.sweep(older_than=30)) == 1,
+                   "a crashed worker's unfinished claim stays claimed, for the sweeper to requeue",
+                   f"the claim after the crash: {desk.get(job)}")
+            run("C", 8, 0, 0)
+        final = desk.get(job)
+        counts = dict(execute(admin, "SELECT unit, COUNT(*) FROM issued GROUP BY unit"))
+        twice = {u: n for u, n in counts.items() if n > 1}
+        expect(not twice, "a retry never repeats an invoice that was already issued (one operation id per unit)",
+               f"units invoiced more than once: {twice}" + (" after B died and C resumed" if died else ""))
+        missing = [u for u, _ in units if u not in counts]
+        expect(not missing, "every unit gets its invoice", f"missing: {missing}; the claim: {final}")
+        expect(final.state == "done" and final.progress == len(units),
+               "the job ends done, with its progress at the number of units", f"the claim: {final}")
+
+
+# ---------------------------------------------------------------- 08.1 outbox relay
+
+@contextlib.contextmanager
+def _provider(admin):
+    """A fake email provider with its own SQLite file next to ``admin``'s."""
+    from .effects import EmailProvider
+    path = os.path.join(os.path.dirname(execute(admin, "PRAGMA database_list")[0][2]), "provider.db")
+    db = connect(path, busy_timeout_ms=0)
+    try:
+        yield EmailProvider(db, VirtualClock())
+    finally:
+        db.conn.close()
+
+
+class _Down(Exception):
+    """The email provider could not be reached, or the relay died around the call."""
+
+
+class _FlakyMail:
+    """An :class:`~labkit.effects.EmailProvider` seen through a bad network.
+
+    ``fail`` maps call numbers to ``"before"`` (the request never arrives) or
+    ``"after"`` (the email goes out, the answer is lost and the caller dies).
+    """
+
+    kind = "email"
+
+    def __init__(self, provider, fail: dict, fate: dict) -> None:
+        self.provider, self.fail, self.fate, self.calls = provider, fail, fate, 0
+
+    def send(self, to, subject, body, *, idempotency_key=None):
+        """Send one email through the real provider, unless the network says otherwise."""
+        self.calls += 1
+        how = self.fail.get(self.calls)
+        if self.fate["dead"] or how == "before":
+            raise _Down("the email provider could not be reached")
+        delivery = self.provider.send(to, subject, body, idempotency_key=idempotency_key)
+        if how == "after":
+            self.fate["dead"] = True
+            raise _Down("the relay died before it saw the provider's answer")
+        return delivery
+
+    def deliver(self, payload, *, idempotency_key=None):
+        """Like ``send``, with the payload as a dict (to, subject, body)."""
+        return self.send(payload["to"], payload["subject"], payload["body"], idempotency_key=idempotency_key)
+
+
+def _relay_knobs(rng: random.Random) -> dict:
+    n = rng.randint(1, 5)
+    return {"intents": n, "sent_before": rng.randint(0, n - 1), "charges": rng.randint(0, 1),
+            "fail": {rng.randint(1, n + 1): rng.choice(["before", "after"]) for _ in range(rng.randint(0, 2))},
+            "dies_at": rng.choice([0, 0, rng.randint(1, 12)])}
+
+
+RELAY_HOSTILE = [
+    {"name": "three emails, no trouble", "intents": 3, "sent_before": 0, "charges": 0, "fail": {}, "dies_at": 0},
+    {"name": "the 1st send goes out but the relay dies before marking it", "intents": 2, "sent_before": 0,
+     "charges": 0, "fail": {1: "after"}, "dies_at": 0},
+    {"name": "the 2nd send never reaches the provider", "intents": 3, "sent_before": 0, "charges": 1,
+     "fail": {2: "before"}, "dies_at": 0},
+    {"name": "one email was relayed before; the 1st send now dies after delivering", "intents": 3,
+     "sent_before": 1, "charges": 0, "fail": {1: "after"}, "dies_at": 0},
+    {"name": "the relay dies at its 3rd SQL statement", "intents": 2, "sent_before": 0, "charges": 0,
+     "fail": {}, "dies_at": 3},
+]
+
+
+def _publish_intents(admin, outbox, k, rng, job: str) -> tuple[list, list]:
+    """B (generation 8) commits the email intents; stale A (7) tries too and is fenced out."""
+    from .errors import StaleGeneration
+    from .fence import Fence
+    fence = Fence(admin, job)
+    emails = [(f"{job}/report-{i}", {"to": rng.choice(["ops@example.com", "billing@example.com"]),
+                                     "subject": f"run {job} report {i}", "body": f"total {rng.randrange(10**6)}"})
+              for i in range(k["intents"])]
+    with fence.guard(8) as tx:
+        for key, email in emails:
+            outbox.add(tx, key, "email", email)
+        for c in range(k["charges"]):
+            outbox.add(tx, f"{job}/charge-{c}", "charge", {"account": "acct-1", "amount": 100 + c})
+    with contextlib.suppress(StaleGeneration), fence.guard(7) as tx:
+        outbox.add(tx, f"{job}/stale-email", "email", {"to": "ops@example.com", "subject": "stale", "body": "A"})
+    return emails, [key for key, _ in emails[:k["sent_before"]]]
+
+
+@task("08.1", "the outbox relay", schedules(RELAY_HOSTILE, count=16, make=_relay_knobs))
+def relay_check(answer, schedule: Schedule, history: list) -> None:
+    """Trial for 08.1: ``answer(db, mail)`` sends pending email intents exactly once."""
+    from .effects import Outbox
+    rng, k = schedule.rng, schedule.knobs
+    job = f"invoice-run-{rng.randrange(1000)}"
+    with _database() as (admin, _), _provider(admin) as provider:
+        clock = provider.clock = VirtualClock(rng.uniform(0, 100))
+        outbox = Outbox(admin, clock)
+        emails, sent_before = _publish_intents(admin, outbox, k, rng, job)
+        for key, email in emails:
+            if key in sent_before:         # relayed earlier by the reference relay
+                outbox.mark_sent(key, provider.send(**email, idempotency_key=key).id)
+        path = execute(admin, "PRAGMA database_list")[0][2]
+        for runs in range(1, 7):            # the relay is restarted until one run goes through cleanly
+            conn, statements = connect(path, busy_timeout_ms=0), iter(range(1, 10**6))
+            dies_at = k["dies_at"] if runs == 1 else 0
+            try:
+                with _process(conn, lambda sql: bool(dies_at) and next(statements) >= dies_at) as fate:
+                    mail = _FlakyMail(provider, k["fail"] if runs == 1 else {}, fate)
+                    try:
+                        answer(conn, mail)
+                    except Exception:
+                        if not (fate["dead"] or mail.fail):
+                            raise
+            finally:
+                conn.conn.close()
+            history.append(Event(clock.now(), f"relay run {runs}", "crash" if fate["dead"] else "resume", "ok"))
+            clock.advance(1)
+            if not mail.fail and not fate["dead"]:
+                break
+        records = provider.records()
+        for r in records:
+            history.append(Event(r["created_at"], "relay", "email", "ok", key=r["idempotency_key"],
+                                 target=r["payload"]["subject"]))
+        for key, email in emails:
+            n = sum(1 for r in records if r["payload"] == email)
+            expect(n == 1, "every committed email intent is delivered exactly once, even when the relay dies "
+                           "between sending and marking", f"{email['subject']!r} was delivered {n} times "
+                           f"after {runs} relay runs")
+        expect(len(records) == len(emails), "the relay sends only the committed email intents",
+               f"{len(records)} emails for {len(emails)} intents: {[r['payload']['subject'] for r in records]}")
+        states = dict(execute(admin, "SELECT key, state FROM outbox WHERE kind = 'email'"))
+        expect(all(states[key] == "sent" for key, _ in emails),
+               "after a clean relay run, every delivered intent is marked sent", f"outbox states: {states}")
+        charges = execute(admin, "SELECT state FROM outbox WHERE kind = 'charge'")
+        expect(all(s == "pending" for (s,) in charges), "the email relay leaves other kinds of intent alone",
+               f"charge intents now {charges}")
+
+
+# ---------------------------------------------------------------- 08.2 publish the report and the email intent
+
+class _Dying:
+    """Wraps an object; the worker dies at the ``at``-th call to any of ``names`` (shared ``count``)."""
+
+    def __init__(self, inner, names: tuple, count: dict, at: int) -> None:
+        self._inner, self._names, self._count, self._at = inner, names, count, at
+
+    def __getattr__(self, name):
+        value = getattr(self._inner, name)
+        if name not in self._names or not callable(value):
+            return value
+
+        def call(*args, **kwargs):
+            self._count["n"] += 1
+            if self._at and self._count["n"] >= self._at:
+                raise _Down(f"the worker died at its call to {name}()")
+            return value(*args, **kwargs)
+        return call
+
+
+PUBLISH_HOSTILE = [
+    {"name": "B (8) has raised the fence; stale A (7) wakes up and publishes before B does", "story": "early"},
+    {"name": "B (8) publishes; then stale A (7) wakes up and publishes its own report", "story": "stale"},
+    {"name": "B (8) publishes and dies; C (9) redoes the same step", "story": "redo"},
+    {"name": "the worker dies at its first call to the email provider", "story": "mail_dies"},
+    {"name": "the worker dies between its file write and its email intent", "story": "half"},
+]
+
+
+def _publish_knobs(rng: random.Random) -> dict:
+    return {"story": rng.choice(["early", "stale", "redo", "mail_dies", "half"])}
+
+
+@task("08.2", "the report and its email intent in one fenced transaction",
+      schedules(PUBLISH_HOSTILE, count=8, make=_publish_knobs))
+def publish_check(answer, schedule: Schedule, history: list) -> None:
+    """Trial for 08.2: ``answer(generation, *, fence, files, outbox, mail, report, email)``."""
+    from .effects import FencedFileStore, Outbox
+    from .errors import StaleGeneration
+    from .fence import Fence
+    rng, story = schedule.rng, schedule.knobs["story"]
+    job = f"invoice-run-{rng.randrange(1000)}"
+    with _database() as (admin, _), _provider(admin) as provider:
+        clock = provider.clock = VirtualClock(rng.uniform(0, 100))
+        folder = tempfile.mkdtemp(prefix="labkit-files-")
+        surprises: list[str] = []
+        path = execute(admin, "PRAGMA database_list")[0][2]
+        total = rng.randrange(10**6)
+
+        def worker(name: str, generation: int, report: bytes, body: str, *, mail_at=0, store_at=0):
+            conn = connect(path, busy_timeout_ms=0)
+            count = {"n": 0}
+            fate = {"dead": False}
+            files = _Dying(FencedFileStore(conn, folder, job), ("write",), count, store_at)
+            outbox = _Dying(Outbox(conn, clock), ("add",), count, store_at)
+            mail = _FlakyMail(provider, {1: "before"} if mail_at else {}, fate)
+            sent_before = len(provider.records())
+            try:
+                answer(generation, fence=Fence(conn, job), files=files, outbox=outbox, mail=mail,
+                       report=report, email={"to": "ops@example.com", "subject": f"{job} report", "body": body})
+                outcome = "ok"
+            except NotImplementedError:
+                raise
+            except Exception as exc:   # stale, the planned death, or a surprise (judged at the end)
+                outcome = "rejected" if isinstance(exc, StaleGeneration) else "crashed"
+                if outcome == "crashed" and not isinstance(exc, _Down):
+                    surprises.append(f"{name}: {type(exc).__name__}: {exc}")
+            finally:
+                conn.conn.close()
+            history.append(Event(clock.now(), name, "write", outcome, generation, target="report.txt"))
+            for r in provider.records()[sent_before:]:
+                history.append(Event(clock.now(), name, "email", "ok", generation, key=r["idempotency_key"],
+                                     target=r["payload"]["subject"]))
+            clock.advance(1)
+
+        report_b, body_b = f"total {total}".encode(), f"the total is {total}"
+        if story in ("stale", "early"):
+            if story == "early":
+                with Fence(admin, job).guard(8):
+                    history.append(Event(clock.now(), "B", "raise", "ok", 8, target=job))
+            else:
+                worker("B", 8, report_b, body_b)
+            worker("A", 7, b"total 0 (stale)", "the total is 0 (stale)")
+            if story == "early":
+                worker("B", 8, report_b, body_b)
+        elif story == "redo":
+            worker("B", 8, report_b, body_b)
+            worker("C", 9, report_b, body_b)
+        elif story == "mail_dies":
+            worker("B", 8, report_b, body_b, mail_at=1)
+        else:
+            worker("B", 8, report_b, body_b, store_at=2)
+        Outbox(admin, clock).relay(provider)          # the reference relay delivers what was committed
+        files = FencedFileStore(admin, folder, job)
+        content = files.read("report.txt")
+        emails = [r["payload"]["body"] for r in provider.records()]
+        for body in emails:
+            history.append(Event(clock.now(), "relay", "email", "ok", target=body))
+        shutil.rmtree(folder, ignore_errors=True)
+        if story == "half":
+            expect((content is None and emails == []) or (content == report_b and emails == [body_b]),
+                   "the report file and its email intent commit together or not at all",
+                   f"after the worker died: report file {content!r}, emails {emails}")
+            expect(not surprises, "the answer runs without an unexpected error", "; ".join(surprises))
+            return
+        expect("the total is 0 (stale)" not in emails, "a stale worker's email never goes out (its intent "
+                                                        "is fenced out with its file write)", f"emails: {emails}")
+        expect(content == report_b, "the committed report is the current owner's",
+               f"report.txt holds {content!r}")
+        expect(emails == [body_b], "the committed report is announced by exactly one email, even when the "
+                                   "step is redone or the worker dies at the email provider",
+               f"emails sent: {emails}")
+        expect(not surprises, "the answer runs without an unexpected error", "; ".join(surprises))

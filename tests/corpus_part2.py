@@ -290,11 +290,301 @@ def backoff(attempt, *, base, cap, rng):
 ''', "every delay lies in"),
 }
 
+# --------------------------------------------------------------------- 07.1 sweeper
+SWEEP_RIGHT = {
+    "one conditional UPDATE ... RETURNING for all of them": '''
+from labkit.db import execute
+
+def sweep(db, now, older_than):
+    rows = execute(db, \"\"\"UPDATE claims SET owner = NULL, state = 'queued', version = version + 1,
+                                  updated_at = :now
+                           WHERE state = 'claimed' AND updated_at <= :cutoff RETURNING job\"\"\",
+                   {"now": now, "cutoff": now - older_than})
+    return [job for (job,) in rows]
+''',
+    "read the candidates, requeue each if owner, generation and progress are unchanged": '''
+from labkit.db import execute, rowcount
+
+def sweep(db, now, older_than):
+    seen = execute(db, "SELECT job, owner, generation, progress, updated_at FROM claims "
+                       "WHERE state = 'claimed' AND updated_at <= ?", (now - older_than,))
+    requeued = []
+    for job, owner, generation, progress, updated_at in seen:
+        n = rowcount(db, "UPDATE claims SET state = 'queued', owner = NULL WHERE job = ? AND state = 'claimed' "
+                         "AND owner = ? AND generation = ? AND progress = ? AND updated_at = ?",
+                     (job, owner, generation, progress, updated_at))
+        if n:
+            requeued.append(job)
+    return requeued
+''',
+}
+
+SWEEP_WRONG = {
+    "requeues by age alone": ('''
+from labkit.db import execute
+
+def sweep(db, now, older_than):
+    rows = execute(db, "UPDATE claims SET owner = NULL, state = 'queued' WHERE updated_at <= ? RETURNING job",
+                   (now - older_than,))
+    return [job for (job,) in rows]
+''', "finished alone"),
+    "read, then update by job": ('''
+from labkit.db import execute
+
+def sweep(db, now, older_than):
+    stale = execute(db, "SELECT job FROM claims WHERE state = 'claimed' AND updated_at <= ?", (now - older_than,))
+    for (job,) in stale:
+        execute(db, "UPDATE claims SET owner = NULL, state = 'queued' WHERE job = ?", (job,))
+    return [job for (job,) in stale]
+''', "moved on after it was read"),
+    "checks the state again but not that the claim is unchanged": ('''
+from labkit.db import execute, rowcount
+
+def sweep(db, now, older_than):
+    stale = execute(db, "SELECT job FROM claims WHERE state = 'claimed' AND updated_at <= ?", (now - older_than,))
+    return [job for (job,) in stale
+            if rowcount(db, "UPDATE claims SET owner = NULL, state = 'queued' WHERE job = ? AND state = 'claimed'",
+                        (job,))]
+''', "moved on after it was read"),
+    "requeues finished claims too": ('''
+from labkit.db import execute
+
+def sweep(db, now, older_than):
+    rows = execute(db, "UPDATE claims SET owner = NULL, state = 'queued' WHERE state != 'queued' "
+                       "AND updated_at <= ? RETURNING job", (now - older_than,))
+    return [job for (job,) in rows]
+''', "finished alone"),
+    "throws the progress away": ('''
+from labkit.db import execute
+
+def sweep(db, now, older_than):
+    rows = execute(db, "UPDATE claims SET owner = NULL, state = 'queued', progress = 0 "
+                       "WHERE state = 'claimed' AND updated_at <= ? RETURNING job", (now - older_than,))
+    return [job for (job,) in rows]
+''', "keeping its progress"),
+    "constant": ('''
+def sweep(db, now, older_than):
+    return []
+''', "requeues every old unfinished claim"),
+}
+
+# --------------------------------------------------------------------- 07.2 resume
+RESUME_RIGHT = {
+    "labkit.recovery.produce per unit, checkpoint on the batch's last unit": '''
+from labkit import Fence
+from labkit.recovery import produce
+
+def run_job(claims, claim, units, issue_invoice, *, every):
+    from labkit import run_once
+    from labkit.recovery import operation_key
+    fence = Fence(claims.db, claim.job)
+    for i, (unit, amount) in enumerate(units):
+        if i < claim.progress:
+            continue
+        with fence.guard(claim.generation) as tx:
+            run_once(tx, operation_key(claim.job, unit), lambda tx, u=unit, a=amount: issue_invoice(tx, u, a),
+                     payload=[unit, amount])
+            done = i + 1
+            if done % every == 0 or done == len(units):
+                claims.checkpoint(claim, done, tx=tx)
+    claims.finish(claim)
+''',
+    "own key table with INSERT ... ON CONFLICT DO NOTHING, replaying from the first unit": '''
+from labkit import Fence
+
+def run_job(claims, claim, units, issue_invoice, *, every):
+    fence = Fence(claims.db, claim.job)
+    for i, (unit, amount) in enumerate(units, start=1):
+        with fence.guard(claim.generation) as tx:
+            tx.execute("CREATE TABLE IF NOT EXISTS done_units (key TEXT PRIMARY KEY)")
+            fresh = tx.execute("INSERT INTO done_units VALUES (?) ON CONFLICT DO NOTHING RETURNING key",
+                               (claim.job + ":" + unit,))
+            if fresh:
+                issue_invoice(tx, unit, amount)
+            if i > claim.progress and (i % every == 0 or i == len(units)):
+                claims.checkpoint(claim, i, tx=tx)
+    claims.finish(claim)
+''',
+}
+
+_RESUME = '''
+from labkit import Fence, run_once
+
+def run_job(claims, claim, units, issue_invoice, *, every):
+    fence = Fence(claims.db, claim.job)
+    for i in range(claim.progress, len(units)):
+        unit, amount = units[i]
+        with fence.guard(claim.generation) as tx:
+            EFFECT
+            if (i + 1) % every == 0 or i + 1 == len(units):
+                claims.checkpoint(claim, i + 1, tx=tx)
+    claims.finish(claim)
+'''
+
+RESUME_WRONG = {
+    "no operation id": (_RESUME.replace("EFFECT", "issue_invoice(tx, unit, amount)"), "never repeats an invoice"),
+    "the generation in the operation id": (_RESUME.replace(
+        "EFFECT", "run_once(tx, f'{claim.job}/{unit}@{claim.generation}', lambda tx: issue_invoice(tx, unit, amount))"),
+        "never repeats an invoice"),
+    "a fresh operation id per attempt": (_RESUME.replace(
+        "EFFECT", "import uuid; run_once(tx, str(uuid.uuid4()), lambda tx: issue_invoice(tx, unit, amount))"),
+        "never repeats an invoice"),
+    "checkpoint after every unit, in its own transaction first": ('''
+from labkit import Fence
+
+def run_job(claims, claim, units, issue_invoice, *, every):
+    fence = Fence(claims.db, claim.job)
+    for i in range(claim.progress, len(units)):
+        unit, amount = units[i]
+        if (i + 1) % every == 0 or i + 1 == len(units):
+            claims.checkpoint(claim, i + 1)
+        with fence.guard(claim.generation) as tx:
+            issue_invoice(tx, unit, amount)
+    claims.finish(claim)
+''', "never repeats an invoice"),
+    "constant": ('''
+def run_job(claims, claim, units, issue_invoice, *, every):
+    return None
+''', "every unit gets its invoice"),
+}
+
+# --------------------------------------------------------------------- 08.1 relay
+RELAY_RIGHT = {
+    "labkit.db helpers, RETURNING on the mark": '''
+import json
+from labkit.db import execute, transaction
+
+def relay(db, mail):
+    for key, payload in execute(db, "SELECT key, payload FROM outbox WHERE kind = 'email' AND state = 'pending'"):
+        email = json.loads(payload)
+        delivery = mail.send(email["to"], email["subject"], email["body"], idempotency_key=key)
+        with transaction(db):
+            execute(db, "UPDATE outbox SET state = 'sent', provider_id = ? WHERE key = ? AND state = 'pending' "
+                        "RETURNING key", (delivery.id, key))
+''',
+    "keeps going after a failed send (the row stays pending)": '''
+import json
+
+def relay(db, mail):
+    rows = db.execute("SELECT key, payload FROM outbox WHERE kind = 'email' AND state = 'pending'").fetchall()
+    for key, payload in rows:
+        e = json.loads(payload)
+        try:
+            d = mail.send(e["to"], e["subject"], e["body"], idempotency_key=key)
+        except Exception:
+            continue
+        db.execute("UPDATE outbox SET state = 'sent', provider_id = ? WHERE key = ?", [d.id, key])
+''',
+}
+
+RELAY_WRONG = {
+    "no idempotency key": ('''
+import json
+from labkit.db import execute
+
+def relay(db, mail):
+    for key, payload in execute(db, "SELECT key, payload FROM outbox WHERE kind = 'email' AND state = 'pending'"):
+        e = json.loads(payload)
+        d = mail.send(e["to"], e["subject"], e["body"])
+        execute(db, "UPDATE outbox SET state = 'sent', provider_id = ? WHERE key = ?", (d.id, key))
+''', "delivered exactly once"),
+    "marks sent before sending": ('''
+import json
+from labkit.db import execute
+
+def relay(db, mail):
+    for key, payload in execute(db, "SELECT key, payload FROM outbox WHERE kind = 'email' AND state = 'pending'"):
+        e = json.loads(payload)
+        execute(db, "UPDATE outbox SET state = 'sent' WHERE key = ?", (key,))
+        mail.send(e["to"], e["subject"], e["body"], idempotency_key=key)
+''', "delivered exactly once"),
+    "resends every row, without a key": ('''
+import json
+from labkit.db import execute
+
+def relay(db, mail):
+    for key, payload in execute(db, "SELECT key, payload FROM outbox WHERE kind = 'email'"):
+        e = json.loads(payload)
+        mail.send(e["to"], e["subject"], e["body"])
+        execute(db, "UPDATE outbox SET state = 'sent' WHERE key = ?", (key,))
+''', "delivered exactly once"),
+    "a fresh key per attempt": ('''
+import json, uuid
+from labkit.db import execute
+
+def relay(db, mail):
+    for key, payload in execute(db, "SELECT key, payload FROM outbox WHERE kind = 'email' AND state = 'pending'"):
+        e = json.loads(payload)
+        mail.send(e["to"], e["subject"], e["body"], idempotency_key=str(uuid.uuid4()))
+        execute(db, "UPDATE outbox SET state = 'sent' WHERE key = ?", (key,))
+''', "delivered exactly once"),
+    "constant": ('''
+def relay(db, mail):
+    return 3
+''', "delivered exactly once"),
+}
+
+# --------------------------------------------------------------------- 08.2 publish
+PUBLISH_RIGHT = {
+    "intent first, then the file, both in the guard": '''
+def publish_report(generation, *, fence, files, outbox, mail, report, email):
+    with fence.guard(generation) as tx:
+        outbox.add(tx, "report-email:" + fence.job, "email", dict(email))
+        files.write("report.txt", report, generation, tx=tx)
+    return True
+''',
+    "catches the stale error and answers False": '''
+from labkit import StaleGeneration
+
+def publish_report(generation, *, fence, files, outbox, mail, report, email):
+    try:
+        with fence.guard(generation) as tx:
+            files.write("report.txt", report, generation, tx=tx)
+            outbox.add(tx, f"{fence.job}/report-email", "email", email)
+    except StaleGeneration:
+        return False
+    return True
+''',
+}
+
+PUBLISH_WRONG = {
+    "email sent before the fenced commit": ('''
+def publish_report(generation, *, fence, files, outbox, mail, report, email):
+    mail.send(email["to"], email["subject"], email["body"], idempotency_key=fence.job + "/report-email")
+    files.write("report.txt", report, generation)
+''', "a stale worker's email never goes out"),
+    "email sent after the commit, directly": ('''
+def publish_report(generation, *, fence, files, outbox, mail, report, email):
+    files.write("report.txt", report, generation)
+    mail.send(email["to"], email["subject"], email["body"], idempotency_key=fence.job + "/report-email")
+''', "exactly one email"),
+    "the intent recorded outside the file's transaction": ('''
+def publish_report(generation, *, fence, files, outbox, mail, report, email):
+    files.write("report.txt", report, generation)
+    with fence.guard(generation) as tx:
+        outbox.add(tx, fence.job + "/report-email", "email", email)
+''', "commit together or not at all"),
+    "the generation in the intent's key": ('''
+def publish_report(generation, *, fence, files, outbox, mail, report, email):
+    with fence.guard(generation) as tx:
+        files.write("report.txt", report, generation, tx=tx)
+        outbox.add(tx, f"{fence.job}/report-email@{generation}", "email", email)
+''', "exactly one email"),
+    "constant": ('''
+def publish_report(generation, *, fence, files, outbox, mail, report, email):
+    return True
+''', "the committed report is the current owner's"),
+}
+
 CORPUS = {
     "05.1": {"name": "conservative_deadline", "right": DEADLINE_RIGHT, "wrong": DEADLINE_WRONG},
     "05.2": {"name": "keep_working", "right": HOLDER_RIGHT, "wrong": HOLDER_WRONG},
     "06.1": {"name": "release", "right": RELEASE_RIGHT, "wrong": RELEASE_WRONG},
     "06.2": {"name": "backoff", "right": BACKOFF_RIGHT, "wrong": BACKOFF_WRONG},
+    "07.1": {"name": "sweep", "right": SWEEP_RIGHT, "wrong": SWEEP_WRONG},
+    "07.2": {"name": "run_job", "right": RESUME_RIGHT, "wrong": RESUME_WRONG},
+    "08.1": {"name": "relay", "right": RELAY_RIGHT, "wrong": RELAY_WRONG},
+    "08.2": {"name": "publish_report", "right": PUBLISH_RIGHT, "wrong": PUBLISH_WRONG},
 }
 
 # An answer cell that tampers with the grader, then defines a wrong answer.
