@@ -1,0 +1,83 @@
+"""labkit.chaos: a seeded nemesis against real processes; protected passes, unprotected is caught."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from labkit.chaos import main, schedule
+
+
+def test_the_same_seed_gives_the_same_plan():
+    """The nemesis's plan is a pure function of the seed (and the run's shape); another seed differs."""
+    plan = schedule(7, workers=3, seconds=4, ttl=0.4)
+    assert plan == schedule(7, workers=3, seconds=4, ttl=0.4)
+    assert plan != schedule(8, workers=3, seconds=4, ttl=0.4)
+    kinds = {a.kind for a in plan}
+    assert {"freeze_holder", "kill_in_tx", "pause"} <= kinds
+    pauses = [a.seconds for a in plan if a.kind == "pause"]
+    assert all(0.05 <= s <= 3 * 0.4 for s in pauses)
+    holder_freezes = [a.seconds for a in plan if a.kind == "freeze_holder"]
+    assert all(s >= 3 * 0.4 for s in holder_freezes)          # longer than any lease
+    assert [a.at for a in plan] == sorted(a.at for a in plan) and plan[-1].at < 0.7 * 4
+
+
+def chaos(*flags: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "labkit.chaos", "--workers", "3", "--seconds", "4",
+                             "--seed", "7", *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def figure(text: str, pattern: str) -> int:
+    return int(re.search(pattern, text).group(1))
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """The short chaos run, protected and unprotected, with the same seed (side by side)."""
+    started = chaos(), chaos("--unprotected")
+    done = [(p, *p.communicate(timeout=120)) for p in started]
+    return [subprocess.CompletedProcess(p.args, p.returncode, out, err) for p, out, err in done]
+
+
+def test_protected_chaos_has_no_violation(runs):
+    """Protected: holders frozen past their lease and kills inside BEGIN IMMEDIATE, and zero violations."""
+    protected = runs[0]
+    out = protected.stdout
+    assert protected.returncode == 0, out + protected.stderr
+    assert "violations: none" in out
+    assert "ledger: every invoice equals the sum of its charge lines" in out
+    assert figure(out, r"\((\d+) inside BEGIN IMMEDIATE\)") >= 1
+    assert figure(out, r"\((\d+) of a lease holder past its lease\)") >= 1
+    assert figure(out, r"committed: (\d+)") >= 5
+    assert "s  commits" in protected.stderr                   # the progress line
+    png = re.search(r"timeline: (\S+)", out).group(1)
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_unprotected_chaos_is_caught(runs):
+    """Unprotected, the same seed's faults let stale writes land, and the checker reports them (exit 1)."""
+    unprotected = runs[1]
+    out = unprotected.stdout
+    assert unprotected.returncode == 1, out + unprotected.stderr
+    assert figure(out, r"stale_accepted (\d+)") >= 1
+    assert figure(out, r"lost_update (\d+)") >= 1
+    assert "its lines sum to" in out                           # money really went missing
+    assert figure(out, r"\((\d+) inside BEGIN IMMEDIATE\)") >= 1
+
+
+def test_both_runs_played_the_same_plan(runs):
+    """The protected and unprotected runs with one seed report the same nemesis plan."""
+    plans = [re.search(r"nemesis plan (\w+)", r.stdout).group(1) for r in runs]
+    assert plans[0] == plans[1]
+
+
+def test_bad_arguments_are_refused(capsys):
+    """Too few workers or too short a run is a usage error, before any process starts."""
+    with pytest.raises(SystemExit) as usage:
+        main(["--workers", "1", "--seconds", "4"])
+    assert usage.value.code == 2 and "workers" in capsys.readouterr().err
