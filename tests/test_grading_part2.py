@@ -13,6 +13,7 @@ from corpus_part2 import CORPUS, TAMPER
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TASKS = sorted(CORPUS)
+EXERCISES = ["05-late-renewal", "06-lease-hygiene", "07-recovery", "08-transfer-file-and-email", "09-review"]
 
 
 def define(source: str, name: str):
@@ -30,6 +31,14 @@ def grade(task_id: str, answer):
         assert type(failure).__name__ == "CheckFailed"
         return str(failure)
     return "PASS"
+
+
+def test_every_task_has_enough_answers():
+    """Each task has at least two alternative right answers and three wrong ones plus a constant."""
+    for task_id, entry in CORPUS.items():
+        assert len(entry["right"]) >= 2, task_id
+        assert len(entry["wrong"]) >= 4 and any("constant" in k for k in entry["wrong"]), task_id
+    assert set(CORPUS) == {t for t in labkit.grading.TASKS if t[:2] in ("05", "06", "07", "08", "09")}
 
 
 def cases(kind: str):
@@ -76,3 +85,51 @@ def test_tampering_with_the_grader_counts_for_nothing(task_id, how):
     finally:
         importlib.reload(labkit.grading)
     assert message != "PASS" and "seed" in message, message
+
+
+def _run_exercise(name: str):
+    import nbformat
+    from nbclient import NotebookClient
+    nb = nbformat.read(ROOT / "exercises" / f"{name}.ipynb", as_version=4)
+    NotebookClient(nb, timeout=60, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(ROOT / "exercises")}}).execute()
+    return nb
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_unsolved_exercise_fails_exactly_at_its_check_cells(name):
+    """Run the generated exercise: every check cell fails (answer not written) and no other cell does."""
+    if not (ROOT / "exercises" / f"{name}.ipynb").exists():
+        pytest.skip(f"exercises/{name}.ipynb is not written")
+    nb = _run_exercise(name)
+    failed, checks = [], []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        errors = [o for o in cell.outputs if o.output_type == "error"]
+        if cell.source.lstrip().startswith("# NBVAL_CHECK_OUTPUT"):
+            checks.append(i)
+            assert errors and errors[0].ename == "CheckFailed", (i, cell.source)
+            assert "NotImplementedError" in errors[0].evalue, errors[0].evalue
+        elif errors and not cell.source.lstrip().startswith("# NBVAL_SKIP"):
+            failed.append((i, errors[0].ename, errors[0].evalue))
+    assert checks and not failed, failed
+    tags = [t for c in nb.cells for t in c.metadata.get("tags", []) if t.startswith("task:")]
+    assert sorted(tags) == sorted(f"task:{t}" for t in TASKS if t.startswith(name[:2])), tags
+
+
+def test_solutions_store_the_pass_lines():
+    """Each solution's check cells store exactly the pass line of their task, and nothing else."""
+    seen = set()
+    for name in EXERCISES:
+        path = ROOT / "solutions" / f"{name}.ipynb"
+        if not path.exists():
+            continue
+        for cell in json.loads(path.read_text())["cells"]:
+            tags = [t[5:] for t in cell.get("metadata", {}).get("tags", []) if t.startswith("task:")]
+            if tags:
+                text = "".join(o.get("text", "") for o in cell["outputs"])
+                title = labkit.grading.TASKS[tags[0]].title
+                assert text == f"PASS {tags[0]}: {title} held under every schedule\n", (name, text)
+                seen.add(tags[0])
+    assert seen == set(TASKS)
