@@ -1,0 +1,598 @@
+"""Answers to the tasks of lessons 01-04, as a student would type them into an answer cell.
+
+``CORPUS[task]`` has the function's ``name`` and two dicts of source strings:
+``right`` (correct answers in styles different from the solution's: they must
+pass) and ``wrong`` (known-wrong answers, each a mistake a lesson names, plus a
+constant, each with ``(source, phrase)``: they must fail, and ``phrase`` is a
+piece of the property the failure must name). ``TAMPER`` holds answer-cell
+prefixes that rebind ``labkit.grading`` or its check module.
+"""
+
+_UPSERT = '''
+UPSERT = """INSERT INTO invoices(job_id, invoice_id, amount, generation)
+            VALUES (:job, :invoice, :amount, :generation)
+            ON CONFLICT(job_id, invoice_id) DO UPDATE SET
+                amount = excluded.amount, generation = excluded.generation"""
+RAISE = """UPDATE job_fence SET generation = :generation
+           WHERE job_id = :job AND generation <= :generation RETURNING generation"""
+'''
+
+# --------------------------------------------------------------------- 02.1 fenced insert
+_SKELETON = """
+def fenced_insert(conn, job, invoice_id, amount, generation):
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if not conn.execute("{raise_}", {{"job": job, "generation": generation}}).fetchall():
+            conn.execute("ROLLBACK")
+            return False
+        conn.execute(UPSERT, {{"job": job, "invoice": invoice_id, "amount": amount, "generation": generation}})
+        conn.execute("COMMIT")
+        return True
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+"""
+FENCED_RIGHT = {
+    "labkit's Fence.guard": _UPSERT + '''
+import labkit
+def fenced_insert(conn, job, invoice_id, amount, generation):
+    try:
+        with labkit.Fence(conn, job).guard(generation) as tx:
+            tx.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
+    except labkit.StaleGeneration:
+        return False
+    return True
+''',
+    "labkit.db.transaction and the row count of a plain conditional UPDATE": _UPSERT + '''
+from labkit.db import transaction, rowcount, execute
+class Refused(Exception):
+    pass
+def fenced_insert(conn, job, invoice_id, amount, generation):
+    params = {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation}
+    try:
+        with transaction(conn):
+            if rowcount(conn, "UPDATE job_fence SET generation = :generation "
+                              "WHERE job_id = :job AND generation <= :generation", params) != 1:
+                raise Refused()          # leaving the block by an exception rolls back
+            execute(conn, UPSERT, params)
+    except Refused:
+        return False
+    return True
+''',
+    "sqlite-utils for the insert, savepoint-free, explicit ROLLBACK in finally": _UPSERT + '''
+def fenced_insert(conn, job, invoice_id, amount, generation):
+    conn.execute("BEGIN IMMEDIATE")
+    committed = False
+    try:
+        if conn.execute(RAISE, {"job": job, "generation": generation}).fetchall():
+            conn["invoices"].upsert({"job_id": job, "invoice_id": invoice_id, "amount": amount,
+                                     "generation": generation}, pk=("job_id", "invoice_id"))
+            conn.execute("COMMIT")
+            committed = True
+    finally:
+        if not committed:
+            conn.execute("ROLLBACK")
+    return committed
+''',
+}
+
+FENCED_WRONG = {
+    "check-then-act: read, compare in Python, write unconditionally": (_UPSERT + '''
+def fenced_insert(conn, job, invoice_id, amount, generation):
+    (current,) = conn.execute("SELECT generation FROM job_fence WHERE job_id = ?", [job]).fetchone()
+    if generation < current:
+        return False
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("UPDATE job_fence SET generation = ? WHERE job_id = ?", [generation, job])
+    conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
+    conn.execute("COMMIT")
+    return True
+''', "is refused and writes nothing"),
+    "missing rollback when no row comes back": (_UPSERT + '''
+def fenced_insert(conn, job, invoice_id, amount, generation):
+    conn.execute("BEGIN IMMEDIATE")
+    if not conn.execute(RAISE, {"job": job, "generation": generation}).fetchall():
+        return False
+    conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
+    conn.execute("COMMIT")
+    return True
+''', "ends its transaction"),
+    "no rollback when the insert fails (a crash inside)": (_UPSERT + '''
+def fenced_insert(conn, job, invoice_id, amount, generation):
+    conn.execute("BEGIN IMMEDIATE")
+    if not conn.execute(RAISE, {"job": job, "generation": generation}).fetchall():
+        conn.execute("ROLLBACK")
+        return False
+    conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
+    conn.execute("COMMIT")
+    return True
+''', "ends its transaction"),
+    "writes the invoice first, raises the fence after": (_UPSERT + '''
+def fenced_insert(conn, job, invoice_id, amount, generation):
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
+    if not conn.execute(RAISE, {"job": job, "generation": generation}).fetchall():
+        conn.execute("ROLLBACK")
+        return False
+    conn.execute("COMMIT")
+    return True
+''', "the fence is raised before"),
+    "no transaction: two autocommit statements": (_UPSERT + '''
+def fenced_insert(conn, job, invoice_id, amount, generation):
+    if not conn.execute(RAISE, {"job": job, "generation": generation}).fetchall():
+        return False
+    conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
+    return True
+''', "is refused and writes nothing"),
+    "the fence's WHERE forgets the job": (_UPSERT + _SKELETON.format(
+        raise_="UPDATE job_fence SET generation = :generation WHERE generation <= :generation RETURNING 1"),
+        "changes nothing else"),
+    "equal generations refused (< instead of <=)": (_UPSERT + _SKELETON.format(
+        raise_="UPDATE job_fence SET generation = :generation WHERE job_id = :job AND generation < :generation "
+               "RETURNING 1"), "equal generations pass"),
+    "deferred BEGIN: reads, compares, then writes": (_UPSERT + """
+def fenced_insert(conn, job, invoice_id, amount, generation):
+    conn.execute("BEGIN")
+    try:
+        (current,) = conn.execute("SELECT generation FROM job_fence WHERE job_id = ?", [job]).fetchone()
+        if generation < current:
+            conn.execute("ROLLBACK")
+            return False
+        conn.execute("UPDATE job_fence SET generation = ? WHERE job_id = ?", [generation, job])
+        conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
+        conn.execute("COMMIT")
+        return True
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+""", "is refused"),
+    "a constant: always True": ('''
+def fenced_insert(conn, job, invoice_id, amount, generation):
+    return True
+''', "an accepted write stores its invoices"),
+}
+
+# --------------------------------------------------------------------- 02.2 charge once
+_CHARGE = '''
+CHARGE = "INSERT INTO charges(job_id, invoice_id, amount, generation) VALUES (?, ?, ?, ?) RETURNING id"
+'''
+ONCE_RIGHT = {
+    "run_once inside Fence.guard": _CHARGE + '''
+import labkit
+def charge_once(conn, job, key, invoice_id, amount, generation):
+    try:
+        with labkit.Fence(conn, job).guard(generation) as tx:
+            return labkit.run_once(tx, key, lambda tx: tx.execute(CHARGE, [job, invoice_id, amount, generation])[0][0])
+    except labkit.StaleGeneration:
+        return None
+''',
+    "the key's row count decides, result read back on a repeat": _CHARGE + '''
+from labkit.db import transaction, execute, rowcount
+class Refused(Exception):
+    pass
+def charge_once(conn, job, key, invoice_id, amount, generation):
+    try:
+        with transaction(conn):
+            if rowcount(conn, "UPDATE job_fence SET generation = ? WHERE job_id = ? AND generation <= ?",
+                        [generation, job, generation]) == 0:
+                raise Refused()
+            if rowcount(conn, "INSERT OR IGNORE INTO idempotency_keys(key) VALUES (?)", [key]) == 1:
+                charge_id = execute(conn, CHARGE, [job, invoice_id, amount, generation])[0][0]
+                execute(conn, "UPDATE idempotency_keys SET result = ? WHERE key = ?", [str(charge_id), key])
+                return charge_id
+            return int(execute(conn, "SELECT result FROM idempotency_keys WHERE key = ?", [key])[0][0])
+    except Refused:
+        return None
+''',
+}
+
+ONCE_WRONG = {
+    "the fence alone (no operation key)": (_CHARGE + '''
+import labkit
+def charge_once(conn, job, key, invoice_id, amount, generation):
+    try:
+        with labkit.Fence(conn, job).guard(generation) as tx:
+            return tx.execute(CHARGE, [job, invoice_id, amount, generation])[0][0]
+    except labkit.StaleGeneration:
+        return None
+''', "charges nothing"),
+    "the key recorded in its own transaction before the charge": (_CHARGE + '''
+import labkit
+def charge_once(conn, job, key, invoice_id, amount, generation):
+    fresh = conn.execute("INSERT INTO idempotency_keys(key) VALUES (?) ON CONFLICT DO NOTHING", [key]).rowcount
+    try:
+        with labkit.Fence(conn, job).guard(generation) as tx:
+            if not fresh:
+                stored = tx.execute("SELECT result FROM idempotency_keys WHERE key = ?", [key])[0][0]
+                return None if stored is None else int(stored)
+            charge_id = tx.execute(CHARGE, [job, invoice_id, amount, generation])[0][0]
+            tx.execute("UPDATE idempotency_keys SET result = ? WHERE key = ?", [charge_id, key])
+            return charge_id
+    except labkit.StaleGeneration:
+        return None
+''', "charges exactly once"),
+    "the key looked up before the transaction (check-then-act on the key)": (_CHARGE + '''
+import labkit
+def charge_once(conn, job, key, invoice_id, amount, generation):
+    seen = conn.execute("SELECT result FROM idempotency_keys WHERE key = ?", [key]).fetchall()
+    try:
+        with labkit.Fence(conn, job).guard(generation) as tx:
+            if seen:
+                return int(seen[0][0])
+            charge_id = tx.execute(CHARGE, [job, invoice_id, amount, generation])[0][0]
+            tx.execute("INSERT OR REPLACE INTO idempotency_keys(key, result) VALUES (?, ?)", [key, charge_id])
+            return charge_id
+    except labkit.StaleGeneration:
+        return None
+''', "charges nothing"),
+    "the key checked before the fence (a stale repeat gets the old id)": (_CHARGE + '''
+import labkit
+def charge_once(conn, job, key, invoice_id, amount, generation):
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        row = conn.execute("SELECT result FROM idempotency_keys WHERE key = ?", [key]).fetchall()
+        if row:
+            conn.execute("COMMIT")
+            return int(row[0][0])
+        if not conn.execute("UPDATE job_fence SET generation = ? WHERE job_id = ? AND generation <= ? RETURNING 1",
+                            [generation, job, generation]).fetchall():
+            conn.execute("ROLLBACK")
+            return None
+        charge_id = conn.execute(CHARGE, [job, invoice_id, amount, generation]).fetchall()[0][0]
+        conn.execute("INSERT INTO idempotency_keys(key, result) VALUES (?, ?)", [key, charge_id])
+        conn.execute("COMMIT")
+        return charge_id
+    except BaseException:
+        if conn.conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+''', "fence"),
+    "INSERT OR IGNORE of the key, but the charge regardless of its row count": (_CHARGE + '''
+import labkit
+def charge_once(conn, job, key, invoice_id, amount, generation):
+    try:
+        with labkit.Fence(conn, job).guard(generation) as tx:
+            tx.execute("INSERT OR IGNORE INTO idempotency_keys(key) VALUES (?)", [key])
+            return tx.execute(CHARGE, [job, invoice_id, amount, generation])[0][0]
+    except labkit.StaleGeneration:
+        return None
+''', "charges nothing"),
+    "a constant: always None": ('''
+def charge_once(conn, job, key, invoice_id, amount, generation):
+    return None
+''', "raises the fence"),
+}
+
+# --------------------------------------------------------------------- 03.1 batch writer
+BATCH_RIGHT = {
+    "Fence.guard around the whole batch": _UPSERT + '''
+import labkit
+def record_batch(conn, job, generation, invoices):
+    try:
+        with labkit.Fence(conn, job).guard(generation) as tx:
+            for invoice_id, amount in invoices.items():
+                tx.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
+    except labkit.StaleGeneration:
+        return False
+    return True
+''',
+    "executemany inside an explicit transaction, row count of the UPDATE": _UPSERT + '''
+def record_batch(conn, job, generation, invoices):
+    raw = conn.conn
+    raw.execute("BEGIN IMMEDIATE")
+    try:
+        won = raw.execute("UPDATE job_fence SET generation = ? WHERE job_id = ? AND generation <= ?",
+                          (generation, job, generation)).rowcount
+        if won == 1:
+            raw.executemany(UPSERT, [{"job": job, "invoice": i, "amount": a, "generation": generation}
+                                     for i, a in invoices.items()])
+            raw.execute("COMMIT")
+            return True
+        raw.execute("ROLLBACK")
+        return False
+    except Exception:
+        raw.execute("ROLLBACK")
+        raise
+''',
+}
+
+BATCH_WRONG = {
+    "the given check-then-act worker, unchanged": (_UPSERT + '''
+def record_batch(conn, job, generation, invoices):
+    (current,) = conn.execute("SELECT generation FROM job_fence WHERE job_id = ?", [job]).fetchone()
+    if generation < current:
+        return False
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("UPDATE job_fence SET generation = ? WHERE job_id = ?", [generation, job])
+    for invoice_id, amount in invoices.items():
+        conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
+    conn.execute("COMMIT")
+    return True
+''', "is refused and writes nothing"),
+    "one fenced transaction per invoice (not all or nothing)": (_UPSERT + '''
+import labkit
+def record_batch(conn, job, generation, invoices):
+    try:
+        for invoice_id, amount in invoices.items():
+            with labkit.Fence(conn, job).guard(generation) as tx:
+                tx.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
+    except labkit.StaleGeneration:
+        return False
+    return True
+''', "visible together"),
+    "a conditional UPDATE whose row count is ignored": (_UPSERT + '''
+def record_batch(conn, job, generation, invoices):
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("UPDATE job_fence SET generation = ? WHERE job_id = ? AND generation <= ?",
+                 [generation, job, generation])
+    for invoice_id, amount in invoices.items():
+        conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
+    conn.execute("COMMIT")
+    return True
+''', "is refused"),
+    "the check moved inside the transaction but the row count still ignored, and no rollback": (_UPSERT + '''
+def record_batch(conn, job, generation, invoices):
+    conn.execute("BEGIN IMMEDIATE")
+    (current,) = conn.execute("SELECT generation FROM job_fence WHERE job_id = ?", [job]).fetchone()
+    if generation < current:
+        return False
+    conn.execute("UPDATE job_fence SET generation = ? WHERE job_id = ?", [generation, job])
+    for invoice_id, amount in invoices.items():
+        conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
+    conn.execute("COMMIT")
+    return True
+''', "ends its transaction"),
+    "a constant: always False": ('''
+def record_batch(conn, job, generation, invoices):
+    return False
+''', "is accepted"),
+}
+
+# --------------------------------------------------------------------- 03.2 quiz
+QUIZ_RIGHT = {
+    "capital letters": '''
+def split_database_answers():
+    return {"q1": "B", "q2": "B", "q3": "A", "q4": "C"}
+''',
+    "built from pairs, with spaces": '''
+def split_database_answers():
+    return dict([("q4", " c "), ("q3", "a"), ("q2", "b"), ("q1", "b")])
+''',
+}
+
+QUIZ_WRONG = {
+    "believes the invoices file refuses the stale write": ('''
+def split_database_answers():
+    return {"q1": "b", "q2": "a", "q3": "a", "q4": "c"}
+''', "q2"),
+    "believes a longer lease fixes it": ('''
+def split_database_answers():
+    return {"q1": "b", "q2": "b", "q3": "a", "q4": "a"}
+''', "q4"),
+    "believes A's step is one transaction": ('''
+def split_database_answers():
+    return {"q1": "a", "q2": "b", "q3": "c", "q4": "c"}
+''', "q1"),
+    "a constant: all a": ('''
+def split_database_answers():
+    return {"q1": "a", "q2": "a", "q3": "a", "q4": "a"}
+''', "answered right"),
+    "a list instead of a dict": ('''
+def split_database_answers():
+    return ["b", "b", "a", "c"]
+''', "a dict"),
+}
+
+# --------------------------------------------------------------------- 01.1 lost updates
+LOST_RIGHT = {
+    "per invoice, the committed writes in order, then pairs": '''
+from collections import defaultdict
+def find_lost_updates(history):
+    committed = defaultdict(list)
+    for event in history:
+        if event.action == "write" and event.outcome == "ok":
+            committed[event.target].append(event)
+    lost = [earlier for writes in committed.values()
+            for earlier, later in zip(writes, writes[1:]) if later.generation < earlier.generation]
+    return sorted(lost, key=history.index)
+''',
+    "from labkit.check's overwriting events back to the writes they replaced": '''
+import labkit.history
+def find_lost_updates(history):
+    lost = []
+    for v in labkit.history.check(history):
+        if v.kind != "lost_update":
+            continue
+        i = history.index(v.event)
+        before = [e for e in history[:i] if e.action == "write" and e.outcome == "ok" and e.target == v.event.target]
+        if before and v.event.generation < before[-1].generation:
+            lost.append(before[-1])
+    return lost
+''',
+}
+
+LOST_WRONG = {
+    "returns the overwriting writes instead of the lost ones": ('''
+def find_lost_updates(history):
+    last, found = {}, []
+    for e in history:
+        if e.action == "write" and e.outcome == "ok":
+            if e.target in last and e.generation < last[e.target].generation:
+                found.append(e)
+            last[e.target] = e
+    return found
+''', "the lost writes are exactly"),
+    "counts rejected writes as if they had committed": ('''
+def find_lost_updates(history):
+    last, found = {}, []
+    for e in history:
+        if e.action == "write":
+            if e.target in last and e.generation < last[e.target].generation:
+                found.append(last[e.target])
+            last[e.target] = e
+    return found
+''', "the lost writes are exactly"),
+    "compares with the highest generation ever, not the stored one": ('''
+def find_lost_updates(history):
+    top, last, found = {}, {}, []
+    for e in history:
+        if e.action == "write" and e.outcome == "ok":
+            if e.target in top and e.generation < top[e.target]:
+                found.append(last[e.target])
+            top[e.target] = max(top.get(e.target, 0), e.generation)
+            last[e.target] = e
+    return found
+''', "the lost writes are exactly"),
+    "any write below the newest generation, whatever the invoice": ('''
+def find_lost_updates(history):
+    writes = [e for e in history if e.action == "write" and e.outcome == "ok"]
+    newest = max((e.generation for e in writes), default=0)
+    return [e for e in writes if e.generation == newest and any(
+        w.generation < newest and history.index(w) > history.index(e) for w in writes)]
+''', "the lost writes are exactly"),
+    "a constant: nothing is ever lost": ('''
+def find_lost_updates(history):
+    return []
+''', "the lost writes are exactly"),
+}
+
+# --------------------------------------------------------------------- 01.2 predict overwrite
+PREDICT_RIGHT = {
+    "the boundary written as 'not at or before'": '''
+def predict_overwrite(pause, ttl):
+    b_writes_inv1_at = ttl + 1.5
+    return not pause <= b_writes_inv1_at
+''',
+    "asks the engine (a run is the most honest prediction)": '''
+from labkit.scenarios import expired_but_alive
+def predict_overwrite(pause, ttl):
+    run = expired_but_alive(protected=False, pause=pause, ttl=ttl)
+    (inv1,) = [r for r in run.tables["invoices"] if r["invoice_id"] == "INV-1"]
+    return inv1["generation"] == 7
+''',
+}
+
+PREDICT_WRONG = {
+    "overwrites as soon as the lease has expired": ('''
+def predict_overwrite(pause, ttl):
+    return pause > ttl
+''', "the prediction matches the real run"),
+    "the tie goes the wrong way (>=)": ('''
+def predict_overwrite(pause, ttl):
+    return pause >= ttl + 1.5
+''', "the prediction matches the real run"),
+    "forgets B's work and expects the overwrite at expiry or after": ('''
+def predict_overwrite(pause, ttl):
+    return pause >= ttl
+''', "the prediction matches the real run"),
+    "thinks a longer lease is safe": ('''
+def predict_overwrite(pause, ttl):
+    return ttl < 30 and pause > ttl + 1.5
+''', "the prediction matches the real run"),
+    "a constant: always True": ('''
+def predict_overwrite(pause, ttl):
+    return True
+''', "the prediction matches the real run"),
+}
+
+# --------------------------------------------------------------------- 04.1 epoch issuer
+_ISSUE = '''
+from labkit.db import transaction, execute
+NEXT = "UPDATE epoch_counter SET counter = counter + 1 WHERE name = ? RETURNING epoch, counter"
+'''
+ISSUE_RIGHT = {
+    "labkit's EpochIssuer": '''
+from labkit.issuers import EpochIssuer
+from labkit.fence import token
+def issue(store, authority, name, recovered):
+    issuer = EpochIssuer(store, name)
+    if recovered:
+        issuer.start_epoch(authority)
+    return token(issuer.issue())
+''',
+    "one upsert that keeps the larger epoch": _ISSUE + '''
+def issue(store, authority, name, recovered):
+    with transaction(store):
+        if recovered:
+            epoch = authority.next_epoch(name)
+            execute(store, "INSERT INTO epoch_counter(name, epoch, counter) VALUES (?, ?, 0) "
+                           "ON CONFLICT(name) DO UPDATE SET epoch = excluded.epoch, counter = 0 "
+                           "WHERE excluded.epoch > epoch_counter.epoch", (name, epoch))
+        epoch, counter = execute(store, NEXT, (name,))[0]
+    return epoch, counter
+''',
+}
+
+ISSUE_WRONG = {
+    "a plain counter that trusts the recovered store": (_ISSUE + '''
+def issue(store, authority, name, recovered):
+    with transaction(store):
+        return tuple(execute(store, NEXT, (name,))[0])
+''', "every token is above every token issued before it"),
+    "a new epoch counted by the store itself (epoch + 1)": (_ISSUE + '''
+def issue(store, authority, name, recovered):
+    with transaction(store):
+        if recovered:
+            execute(store, "UPDATE epoch_counter SET epoch = epoch + 1, counter = 0 WHERE name = ?", (name,))
+        return tuple(execute(store, NEXT, (name,))[0])
+''', "every token is above every token issued before it"),
+    "a large constant added after recovery": (_ISSUE + '''
+def issue(store, authority, name, recovered):
+    with transaction(store):
+        if recovered:
+            execute(store, "UPDATE epoch_counter SET counter = counter + 1000000 WHERE name = ?", (name,))
+        return tuple(execute(store, NEXT, (name,))[0])
+''', "every token is above every token issued before it"),
+    "a new epoch for every token": (_ISSUE + '''
+def issue(store, authority, name, recovered):
+    epoch = authority.next_epoch(name)
+    with transaction(store):
+        execute(store, "UPDATE epoch_counter SET epoch = ?, counter = 0 WHERE name = ?", (epoch, name))
+        return tuple(execute(store, NEXT, (name,))[0])
+''', "once per recovery"),
+    "the new epoch kept in Python, never written to the store": (_ISSUE + '''
+EPOCH = {}
+def issue(store, authority, name, recovered):
+    if recovered:
+        EPOCH[name] = authority.next_epoch(name)
+    with transaction(store):
+        epoch, counter = execute(store, NEXT, (name,))[0]
+    return max(epoch, EPOCH.get(name, 0)), counter
+''', "committed in the store"),
+    "a constant token": ('''
+def issue(store, authority, name, recovered):
+    return (1, 1)
+''', "every token is above"),
+}
+
+CORPUS = {
+    "01.1": {"name": "find_lost_updates", "right": LOST_RIGHT, "wrong": LOST_WRONG},
+    "01.2": {"name": "predict_overwrite", "right": PREDICT_RIGHT, "wrong": PREDICT_WRONG},
+    "02.1": {"name": "fenced_insert", "right": FENCED_RIGHT, "wrong": FENCED_WRONG},
+    "02.2": {"name": "charge_once", "right": ONCE_RIGHT, "wrong": ONCE_WRONG},
+    "03.1": {"name": "record_batch", "right": BATCH_RIGHT, "wrong": BATCH_WRONG},
+    "03.2": {"name": "split_database_answers", "right": QUIZ_RIGHT, "wrong": QUIZ_WRONG},
+    "04.1": {"name": "issue", "right": ISSUE_RIGHT, "wrong": ISSUE_WRONG},
+}
+
+TAMPER = {
+    "rebinds check to print the pass line": '''
+import labkit.grading
+labkit.grading.check = lambda task_id, answer: print(f"PASS {task_id}: anything held under every schedule")
+''',
+    "clears the registered tasks": '''
+import labkit.grading
+labkit.grading.TASKS.clear()
+''',
+    "patches expect to do nothing, in grading and in the check module": '''
+import labkit.grading, labkit.grading_part1
+labkit.grading.expect = lambda *args, **kwargs: None
+labkit.grading_part1.expect = lambda *args, **kwargs: None
+''',
+    "replaces every trial by one that does nothing": '''
+import labkit.grading, labkit.grading_part1
+for t in list(labkit.grading.TASKS.values()):
+    labkit.grading.TASKS[t.id] = t.__class__(t.id, t.title, lambda *a: None, t.schedules)
+labkit.grading_part1.fenced_insert_check = lambda *a: None
+''',
+}
