@@ -576,6 +576,65 @@ def publish_report(generation, *, fence, files, outbox, mail, report, email):
 ''', "the committed report is the current owner's"),
 }
 
+# --------------------------------------------------------------------- 09.1 incidents
+_PICKS = '''
+PICKS = {"frozen-export": "fence", "dead-holder": "lease", "double-charge": "idempotency key",
+         "late-reply": "conservative deadline", "stuck-release": "owner and generation check",
+         "thundering-restart": "backoff with jitter", "forgotten-run": "durable claim and sweeper",
+         "stale-email": "outbox", "restored-counter": "new epoch"}
+
+def mechanism(incident):
+    return PICKS[incident]
+'''
+
+INCIDENT_RIGHT = {
+    "an if-chain with capitals and spaces": '''
+def mechanism(incident):
+    if incident == "frozen-export":
+        return "  Fence "
+    if incident == "dead-holder":
+        return "Lease"
+    if incident in ("double-charge",):
+        return "Idempotency Key"
+    if incident == "late-reply":
+        return "conservative deadline"
+    if incident == "stuck-release":
+        return "owner and generation check"
+    if incident == "thundering-restart":
+        return "backoff with jitter"
+    if incident == "forgotten-run":
+        return "durable claim and sweeper"
+    if incident == "stale-email":
+        return "OUTBOX"
+    return "new epoch"
+''',
+    "a table of (mechanism, incidents)": '''
+TABLE = [("fence", ["frozen-export"]), ("lease", ["dead-holder"]), ("idempotency key", ["double-charge"]),
+         ("conservative deadline", ["late-reply"]), ("owner and generation check", ["stuck-release"]),
+         ("backoff with jitter", ["thundering-restart"]), ("durable claim and sweeper", ["forgotten-run"]),
+         ("outbox", ["stale-email"]), ("new epoch", ["restored-counter"])]
+
+def mechanism(incident):
+    return next(m for m, names in TABLE if incident in names)
+''',
+}
+
+INCIDENT_WRONG = {
+    "a fence for the double charge": (_PICKS.replace('"double-charge": "idempotency key"',
+                                                     '"double-charge": "fence"'), "needs the idempotency key"),
+    "a longer lease for the frozen export": (_PICKS.replace('"frozen-export": "fence"', '"frozen-export": "lease"'),
+                                             "needs the fence"),
+    "an idempotency key for the stale email": (_PICKS.replace('"stale-email": "outbox"',
+                                                              '"stale-email": "idempotency key"'), "needs the outbox"),
+    "a large constant instead of a new epoch": (_PICKS.replace('"restored-counter": "new epoch"',
+                                                               '"restored-counter": "add a large constant"'),
+                                                "is one of"),
+    "constant": ('''
+def mechanism(incident):
+    return "fence"
+''', "needs the lease"),
+}
+
 CORPUS = {
     "05.1": {"name": "conservative_deadline", "right": DEADLINE_RIGHT, "wrong": DEADLINE_WRONG},
     "05.2": {"name": "keep_working", "right": HOLDER_RIGHT, "wrong": HOLDER_WRONG},
@@ -585,6 +644,7 @@ CORPUS = {
     "07.2": {"name": "run_job", "right": RESUME_RIGHT, "wrong": RESUME_WRONG},
     "08.1": {"name": "relay", "right": RELAY_RIGHT, "wrong": RELAY_WRONG},
     "08.2": {"name": "publish_report", "right": PUBLISH_RIGHT, "wrong": PUBLISH_WRONG},
+    "09.1": {"name": "mechanism", "right": INCIDENT_RIGHT, "wrong": INCIDENT_WRONG},
 }
 
 # An answer cell that tampers with the grader, then defines a wrong answer.
