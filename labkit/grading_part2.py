@@ -885,18 +885,21 @@ def publish_check(answer, schedule: Schedule, history: list) -> None:
             outbox = _Dying(Outbox(conn, clock), ("add",), count, store_at)
             mail = _FlakyMail(provider, {1: "before"} if mail_at else {}, fate)
             sent_before = len(provider.records())
+            outcome = "rejected"
             try:
                 answer(generation, fence=Fence(conn, job), files=files, outbox=outbox, mail=mail,
                        report=report, email={"to": "ops@example.com", "subject": f"{job} report", "body": body})
-                outcome = "ok"
             except NotImplementedError:
                 raise
             except Exception as exc:   # stale, the planned death, or a surprise (judged at the end)
-                outcome = "rejected" if isinstance(exc, StaleGeneration) else "crashed"
-                if outcome == "crashed" and not isinstance(exc, _Down):
+                if isinstance(exc, _Down):
+                    outcome = "crashed"
+                elif not isinstance(exc, StaleGeneration):
                     surprises.append(f"{name}: {type(exc).__name__}: {exc}")
             finally:
                 conn.conn.close()
+            if FencedFileStore(admin, folder, job).generation("report.txt") == generation:
+                outcome = "ok"
             history.append(Event(clock.now(), name, "write", outcome, generation, target="report.txt"))
             for r in provider.records()[sent_before:]:
                 history.append(Event(clock.now(), name, "email", "ok", generation, key=r["idempotency_key"],

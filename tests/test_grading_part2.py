@@ -133,3 +133,68 @@ def test_solutions_store_the_pass_lines():
                 assert text == f"PASS {tags[0]}: {title} held under every schedule\n", (name, text)
                 seen.add(tags[0])
     assert seen == set(TASKS)
+
+
+def _trial(task_id: str, source: str, name: str, schedule_name: str):
+    """Run one schedule of a task's trial directly; return (broken property or None, history)."""
+    task = labkit.grading.TASKS[task_id]
+    schedule = next(s for s in task.schedules if s.name == schedule_name)
+    history: list = []
+    try:
+        task.trial(define(source, name), schedule, history)
+    except labkit.grading.Broken as broken:
+        return broken.prop, history
+    return None, history
+
+
+def test_a_late_release_really_deletes_the_successors_lease_when_it_reads_first():
+    """06.1 race: B's acquire lands between the read and the DELETE; the naive release then removes B's lease."""
+    wrong = CORPUS["06.1"]["wrong"]["read, compare in Python, then delete by name"][0]
+    broken, history = _trial("06.1", wrong, "release", "B takes over just before the release's 2nd statement")
+    assert broken and "answers False" in broken
+    assert [(e.worker, e.action, e.outcome) for e in history][-2:] == [("B", "acquire", "ok"), ("A", "release", "ok")]
+    right = CORPUS["06.1"]["right"]["sqlite-utils cursor, named parameters"]
+    broken, history = _trial("06.1", right, "release", "B takes over just before the release's 1st statement")
+    assert broken is None and history[-1].outcome == "lost"
+
+
+def test_the_holder_counting_from_arrival_really_acts_after_b_took_over():
+    """05.2: with 6-8 s answers, the arrival-counting holder writes while B holds the lease; the right one never does."""
+    wrong = CORPUS["05.2"]["wrong"]["deadline counted from the response's arrival"][0]
+    broken, history = _trial("05.2", wrong, "keep_working", "slow responses: each renewal's answer spends 6-8 s in the network")
+    assert broken and "after the conservative deadline" in broken
+    b_at = next(e.time for e in history if e.worker == "B" and e.action == "acquire")
+    assert any(e.worker == "A" and e.action == "write" and e.time > b_at for e in history)
+    right = CORPUS["05.2"]["right"]["renew before every unit, keep the later deadline"]
+    broken, history = _trial("05.2", right, "keep_working", "slow responses: each renewal's answer spends 6-8 s in the network")
+    b_at = next((e.time for e in history if e.worker == "B" and e.action == "acquire"), float("inf"))
+    assert broken is None and not any(e.worker == "A" and e.action == "write" and e.time >= b_at for e in history)
+
+
+def test_the_stale_workers_email_really_goes_out_unless_it_is_an_intent():
+    """08.2: A (7) sends directly and its email reaches the provider; as an outbox intent it is fenced out."""
+    story = "B (8) has raised the fence; stale A (7) wakes up and publishes before B does"
+    wrong = CORPUS["08.2"]["wrong"]["email sent before the fenced commit"][0]
+    broken, history = _trial("08.2", wrong, "publish_report", story)
+    assert broken and "stale worker's email" in broken
+    assert any(e.worker == "A" and e.action == "email" and e.generation == 7 for e in history)
+    right = CORPUS["08.2"]["right"]["catches the stale error and answers False"]
+    broken, history = _trial("08.2", right, "publish_report", story)
+    assert broken is None
+    assert [(e.worker, e.outcome) for e in history if e.action == "write"] == [("A", "rejected"), ("B", "ok")]
+    assert [e.target for e in history if e.action == "email"] == [history[-1].target] and "stale" not in history[-1].target
+
+
+def test_a_crashed_worker_really_leaves_invoices_the_checkpoint_does_not_know():
+    """07.2: B dies after 4 invoices with progress 3; without ids C issues c4 again, with ids it does not."""
+    story = "B dies just after its 4th invoice commits, before the checkpoint catches up"
+    wrong = CORPUS["07.2"]["wrong"]["no operation id"][0]
+    broken, history = _trial("07.2", wrong, "run_job", story)
+    assert broken and "never repeats an invoice" in broken
+    c4 = [e.worker for e in history if e.action == "write" and "(c4)" in e.target]
+    assert c4 == ["B", "C"]
+    right = CORPUS["07.2"]["right"]["labkit.recovery.produce per unit, checkpoint on the batch's last unit"]
+    broken, history = _trial("07.2", right, "run_job", story)
+    assert broken is None and [e.worker for e in history if e.action == "crash"] == ["B"]
+    assert sorted(e.target.split()[1] for e in history if e.action == "write") == \
+        [f"(c{i})" for i in range(1, 7)]
