@@ -94,7 +94,7 @@ class DurableCounter:
     def bump(self, constant: int) -> int:
         """Add ``constant`` to the counter (the "large constant" recovery) and return it.
 
-        Safe only if the result exceeds every number ever issued: see :func:`bump_is_safe`.
+        Safe only if the result is at least every number ever issued: see :func:`bump_is_safe`.
         """
         constant = _int(constant, "constant")
         with transaction(self.db):
@@ -187,6 +187,19 @@ class EpochIssuer:
         if not moved:
             raise BadArgument("authority", f"epoch {epoch} is not above this issuer's epoch")
         return epoch
+
+    def bump(self, constant: int) -> int | tuple[int, int]:
+        """Add ``constant`` to the counter within the current epoch and return the last token.
+
+        The "large constant" recovery: safe only if it clears every token ever
+        issued (see :func:`bump_is_safe`). :meth:`start_epoch` needs no such guess.
+        """
+        constant = _int(constant, "constant")
+        with transaction(self.db):
+            execute(self.db, "INSERT INTO epoch_counter(name, epoch, counter) VALUES (?, 0, 0) "
+                             "ON CONFLICT(name) DO NOTHING", (self.name,))
+            return show(execute(self.db, "UPDATE epoch_counter SET counter = counter + ? WHERE name = ? "
+                                         "RETURNING epoch, counter", (constant, self.name))[0])
 
     def current(self) -> int | tuple[int, int]:
         """Return the last token issued (0 if none)."""
@@ -361,10 +374,11 @@ def naive_cleanup(db, clock: Clock, name: str) -> int:
 
 
 def bump_is_safe(restored, constant: int, highest_issued) -> bool:
-    """Return whether ``restored + constant`` is above every token ever issued.
+    """Return whether the next token after the bump is above every token ever issued.
 
-    After a restore the counter holds ``restored``; adding ``constant`` is safe
-    only if the result exceeds ``highest_issued``. The catch: after a disaster
+    After a restore the counter holds ``restored``; after adding ``constant`` the
+    next token is ``restored + constant + 1``, so the bump is safe exactly when
+    ``restored + constant >= highest_issued``. The catch: after a disaster
     ``highest_issued`` is exactly the number that was lost, so the constant needs
     a proven bound (e.g. maximum issue rate times the longest possible data loss).
 
@@ -374,4 +388,4 @@ def bump_is_safe(restored, constant: int, highest_issued) -> bool:
     """
     restored, highest = token(restored, "restored"), token(highest_issued, "highest_issued")
     constant = _int(constant, "constant")
-    return (restored[0], restored[1] + constant) > highest
+    return (restored[0], restored[1] + constant) >= highest

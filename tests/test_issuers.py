@@ -185,8 +185,9 @@ def test_adding_a_constant_is_safe_only_above_every_number_ever_issued(files, cl
 def test_bump_is_safe_compares_tokens_with_epochs():
     """bump_is_safe works on (epoch, counter) tokens as the fence orders them."""
     assert bump_is_safe((2, 0), 1, (1, 10 ** 6)) is True
-    assert bump_is_safe((1, 5), 5, (1, 10)) is False
-    assert bump_is_safe(0, 11, 10) is True
+    assert bump_is_safe((1, 5), 5, (1, 10)) is True      # the next token, (1, 11), is above (1, 10)
+    assert bump_is_safe((1, 5), 4, (1, 10)) is False     # the next token would be (1, 10) again
+    assert bump_is_safe(0, 10, 10) is True and bump_is_safe(0, 9, 10) is False
 
 
 @pytest.mark.parametrize("call, argument", [
