@@ -716,7 +716,7 @@ def play(f: Callable, *, protected: bool = True, seed: int = 0, factor: float | 
             sim.run()
         else:
             every = check_knob(every, "every", positive=True)
-            while sim.env.peek() != math.inf:
+            while any(p.is_alive for p in sim.processes.values()):
                 sim.run(until=sim.env.now + every)
                 step(sim)
         return sim.result({**knobs, "protected": protected, "seed": seed}, wording)

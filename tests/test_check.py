@@ -1,0 +1,175 @@
+"""labkit.check: violations come only from answers and attempts, each with the right kind."""
+
+import pytest
+
+from labkit import LeaseAuthority, connect
+from labkit.db import execute, transaction
+from labkit.history import VIOLATION_KINDS, Event, Violation, check
+from labkit.scenarios import SCENARIOS
+from labkit.sim import LEASE, Sim
+
+E = Event
+
+
+def kinds(history, final=None):
+    return [v.kind for v in check(history, final)]
+
+
+HANDOVER = [  # A holds 7, writes, releases; B acquires 8, raises, reads, writes.
+    E(0, "A", "acquire", "ok", 7, target=LEASE, until=10),
+    E(1, "A", "read", "ok", target="INV-1"),
+    E(2, "A", "write", "ok", 7, target="INV-1"),
+    E(3, "A", "release", "ok", 7, target=LEASE),
+    E(4, "B", "acquire", "ok", 8, target=LEASE, until=14),
+    E(4, "B", "raise", "ok", 8, target="invoice-run"),
+    E(4, "B", "read", "ok", 7, target="INV-1"),
+    E(5, "B", "write", "ok", 8, target="INV-1"),
+    E(6, "B", "write", "ok", 8, target="INV-2"),
+]
+
+BAD = {
+    "stale_accepted": [
+        E(0, "A", "acquire", "ok", 7, target=LEASE, until=10),
+        E(1, "B", "write", "ok", 8, target="INV-1"),
+        E(2, "A", "write", "ok", 7, target="INV-2"),
+    ],
+    "lost_update": [  # B overwrote A's committed write without having seen it
+        E(0, "B", "read", "ok", target="INV-1"),
+        E(1, "A", "write", "ok", 7, target="INV-1"),
+        E(2, "B", "write", "ok", 8, target="INV-1"),
+    ],
+    "duplicate_effect": [
+        E(1, "B", "write", "ok", 8, key="bill/42", target="INV-2"),
+        E(5, "B", "write", "ok", 8, key="bill/42", target="INV-3"),
+    ],
+    "acted_after_expiry": [  # B had started (read) before A's late write; no B write to collide with
+        E(0, "A", "acquire", "ok", 7, target=LEASE, until=10),
+        E(10, "B", "acquire", "ok", 8, target=LEASE, until=20),
+        E(11, "B", "read", "ok", target="INV-1"),
+        E(12, "A", "write", "ok", 7, target="INV-9"),
+    ],
+    "foreign_release": [
+        E(0, "A", "acquire", "ok", 7, target=LEASE, until=10),
+        E(10, "B", "acquire", "ok", 8, target=LEASE, until=20),
+        E(12, "A", "release", "ok", 7, target=LEASE),
+    ],
+}
+
+
+@pytest.mark.parametrize("kind", VIOLATION_KINDS)
+def test_each_bad_history_is_flagged_with_its_kind(kind):
+    """Every hand-built bad history yields exactly the violation it was built to show."""
+    found = check(BAD[kind])
+    assert [v.kind for v in found] == [kind]
+    assert isinstance(found[0], Violation) and found[0].message
+
+
+def test_bad_history_with_the_bad_answer_changed_is_clean():
+    """The same attempts with the offending answer changed to a refusal are clean: only answers count."""
+    for kind, history in BAD.items():
+        offending = check(history)[0].event
+        refused = [E(e.time, e.worker, e.action, "rejected", e.generation, e.key, e.target, e.until)
+                   if e == offending else e for e in history]
+        assert check(refused) == [], kind
+
+
+def test_foreign_renew_is_flagged():
+    """A renewal that succeeded for a worker not holding the lease is a foreign_release."""
+    history = BAD["foreign_release"][:2] + [E(12, "A", "renew", "ok", 7, target=LEASE, until=22)]
+    assert kinds(history) == ["foreign_release"]
+
+
+def test_lower_token_overwriting_a_higher_one_is_stale_and_lost():
+    """A write with 7 over a committed 8 is both accepted stale and a lost update."""
+    history = [E(1, "B", "write", "ok", 8, target="INV-1"), E(2, "A", "write", "ok", 7, target="INV-1")]
+    assert kinds(history) == ["stale_accepted", "lost_update"]
+
+
+def test_overwrite_after_reading_it_or_blind_is_not_lost():
+    """Reading the other's write first, or writing without any read (blind), is not an unseen overwrite."""
+    history = BAD["lost_update"]
+    seen = history[1:2] + [E(1.5, "B", "read", "ok", 7, target="INV-1"), history[2]]
+    assert kinds(seen) == []
+    assert kinds(history[1:]) == []
+
+
+def test_final_state_missing_a_committed_write_is_a_lost_update():
+    """A committed write that the final table does not hold was lost."""
+    assert kinds(HANDOVER, final={"INV-1": 8, "INV-2": 8}) == []
+    assert kinds(HANDOVER, final={"INV-1": 7, "INV-2": 8}) == ["lost_update"]
+    assert kinds(HANDOVER, final={"INV-1": 8}) == ["lost_update"]
+
+
+@pytest.mark.parametrize("history", [
+    HANDOVER,
+    [E(1, "B", "write", "ok", 8, target="INV-1"), E(2, "B", "write", "ok", 8, target="INV-1")],
+    [E(1, "B", "write", "ok", 8, key="k", target="INV-2"),
+     E(5, "B", "write", "duplicate", 8, key="k", target="INV-2")],
+    HANDOVER + [E(30, "A", "write", "rejected", 7, target="INV-1")],
+    HANDOVER + [E(7, "B", "release", "ok", 8, target=LEASE)],
+    [],
+], ids=["handover", "equal-generations", "key-stopped-repeat", "stale-rejected", "own-release", "empty"])
+def test_clean_histories_come_back_empty(history):
+    """Handovers, equal generations, refused stale writes and recognised repeats are not violations."""
+    assert check(history) == []
+
+
+def test_a_commit_the_successor_waited_for_is_not_acted_after_expiry():
+    """A's transaction commits after its expiry while B only waited on the lock: the fence serialises it."""
+    history = [
+        E(0, "A", "acquire", "ok", 7, target=LEASE, until=10),
+        E(2, "A", "read", "ok", target="INV-1"),
+        E(10, "B", "acquire", "ok", 8, target=LEASE, until=20),
+        *[E(10 + 0.5 * i, "B", "wait", "busy", target="INV-1") for i in range(40)],
+        E(30, "A", "raise", "ok", 7, target="invoice-run"),
+        E(30, "A", "write", "ok", 7, target="INV-1"),
+        E(30, "B", "read", "ok", 7, target="INV-1"),
+        E(30, "B", "raise", "ok", 8, target="invoice-run"),
+        E(30, "B", "write", "ok", 8, target="INV-1"),
+        E(31, "A", "write", "rejected", 7, target="INV-2"),
+    ]
+    assert check(history) == []
+
+
+def test_naive_release_by_name_is_flagged():
+    """A release that deletes by lease name only removes the successor's lease: foreign_release."""
+    with Sim() as sim:
+        db, clock = sim.database("authority"), sim.clock
+        authority = LeaseAuthority(db, clock)
+        a = authority.acquire("job", "A", 10)
+        sim.env.run(until=10)
+        b = authority.acquire("job", "B", 10)
+        with transaction(db):
+            deleted = len(execute(db, "DELETE FROM leases WHERE name = ? RETURNING name", ("job",)))
+        history = [E(0, "A", "acquire", "ok", a.generation, target="job", until=a.expires_at),
+                   E(10, "B", "acquire", "ok", b.generation, target="job", until=b.expires_at),
+                   E(12, "A", "release", "ok" if deleted else "lost", a.generation, target="job")]
+        assert authority.current("job") is None        # B's lease really is gone
+        assert kinds(history) == ["foreign_release"]
+
+
+EXPECTED = {  # what each naive variant must show at its default knobs
+    "expired_but_alive": {"lost_update", "stale_accepted"},
+    "raise_then_read": {"lost_update"},
+    "check_then_act": {"stale_accepted", "lost_update"},
+    "split_databases": {"stale_accepted", "lost_update"},
+    "bypass_writer": {"stale_accepted", "lost_update"},
+    "lock_wait": {"stale_accepted"},
+    "same_generation_duplicate": {"duplicate_effect"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_naive_implementations_are_flagged_and_protected_ones_are_clean(name):
+    """Every naive variant's real history is flagged with its kind; the protected history is clean."""
+    naive, protected = SCENARIOS[name](protected=False), SCENARIOS[name](protected=True)
+    assert EXPECTED[name] <= {v.kind for v in check(naive.history)}
+    assert check(protected.history) == []
+    assert check(protected.history, final={r["invoice_id"]: r["generation"]
+                                           for r in protected.tables["invoices"]}) == []
+
+
+def test_checker_sorts_by_time_and_keeps_order_of_ties():
+    """Events given out of time order are checked in time order (ties keep their given order)."""
+    shuffled = list(reversed(BAD["stale_accepted"]))
+    assert kinds(shuffled) == ["stale_accepted"]
