@@ -324,3 +324,10 @@ def same_generation_duplicate(sim, *, protected, repeats=2, ttl=10.0):
 
     sim.start(sim.worker("A"), run_a)
     sim.start(sim.worker("B", lose=["write"] * (repeats - 1), timeout=3.0), run_b, at=0.5)
+
+
+# Lessons 04-08 live in their own module; they are part of this one's API too.
+from .more_scenarios import *  # noqa: E402,F401,F403
+from .more_scenarios import __all__ as _more  # noqa: E402
+
+__all__ += [name for name in _more if name not in __all__]
