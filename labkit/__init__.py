@@ -19,10 +19,17 @@ from .errors import (BadArgument, BadArgumentType, Busy, KeyReused, LabkitError,
 from .fence import Fence, Tx
 from .idempotency import run_once
 from .lease import Lease, LeaseAuthority
+from .effects import EmailProvider, ETagStore, FencedFileStore, Outbox, PaymentProvider
+from .issuers import EpochAuthority, EpochIssuer
+from .recovery import Claims
+from .timing import LeaseKeeper, VersionLease, backoff, conservative_deadline
 
 __all__ = [
     "connect", "Clock", "VirtualClock", "RealClock", "Lease", "LeaseAuthority",
     "Fence", "Tx", "run_once",
     "LabkitError", "BadArgument", "BadArgumentType", "LeaseHeld", "LeaseLost",
     "StaleGeneration", "KeyReused", "Busy",
+    "conservative_deadline", "LeaseKeeper", "backoff", "VersionLease", "EpochIssuer",
+    "EpochAuthority", "Claims", "FencedFileStore", "EmailProvider", "PaymentProvider", "Outbox",
+    "ETagStore",
 ]
