@@ -8,14 +8,22 @@ N worker processes (:mod:`labkit.procs`) run the invoice job on one SQLite
 file: acquire, raise the fence, read, work, fenced upserts with operation keys,
 renew, release. This process is the nemesis. Its plan (:func:`schedule`) is a
 pure function of the seed, the number of workers, the run's length and the
-lease: the same seed gives the same plan. It freezes workers (SIGSTOP, then
-SIGCONT after 50 ms to several lease lengths), freezes the lease holder in the
-middle of its work for longer than its lease, kills workers (SIGKILL) and
-restarts them, and hunts for a kill inside ``BEGIN IMMEDIATE``: it stops the
-holder for an instant and kills it only if it is inside a write transaction
-(confirmed by finding the write lock held). If by 70% of the run no holder has
-been frozen past its lease, or no kill has landed inside a transaction, it
-keeps trying until one has.
+lease: the same seed gives the same plan. The plan mixes four faults:
+
+* pauses: SIGSTOP a worker, SIGCONT it 50 ms to three leases later (cut to one
+  lease if it was caught holding the write lock, which blocks every writer);
+* holder freezes: SIGSTOP the lease holder after its read and before its first
+  write, for three to five leases, and longer (up to twice that) until a
+  successor has committed above it; once thawed it is spared other faults for
+  a second, so that it reaches its stale write;
+* kills: SIGKILL a worker (stopped first, so the nemesis knows whether it was
+  inside a transaction) and restart it after a planned delay;
+* hunts: stop the holder for an instant and kill it only if it is inside
+  ``BEGIN IMMEDIATE`` (confirmed by finding the write lock held), else let it go.
+
+A holder freeze that did not outlive the lease, or a hunt that has not killed
+inside a transaction yet, is retried until it has, within the run; the first
+of each comes early in every plan. Faults start in the first 70% of the run.
 
 Every attempt and answer is recorded (see :mod:`labkit.procs`); at the end
 :func:`labkit.history.check` judges the history and the final table, and the
@@ -53,7 +61,7 @@ from .db import execute
 from .errors import BadArgument
 from .history import check
 from .live import Team, draw
-from .procs import IN_TX, LEASED, WORKING
+from .procs import IN_TX, WORKING
 
 __all__ = ["Action", "schedule", "Report", "run", "main"]
 
@@ -182,13 +190,14 @@ class Report:
 
 
 def run(workers: int = 4, seconds: float = 10.0, *, seed: int = 0, protected: bool = True,
-        ttl: float = 0.4, progress=None) -> Report:
+        ttl: float = 0.4, progress=None, root: str | None = None) -> Report:
     """Run the chaos: start the workers, play the nemesis's plan, judge the history.
 
     Args:
         workers: worker processes (2 to 26). seconds: the run's length (>= 2).
         seed: the nemesis's and the workers' seed. protected: the write path.
         ttl: the lease. progress: a text stream for the progress line (e.g. ``sys.stderr``).
+        root: where the run's folder is made (default: the system's temporary folder).
 
     Returns:
         A :class:`Report`; ``report.exit_code`` is the command's exit status.
@@ -201,7 +210,7 @@ def run(workers: int = 4, seconds: float = 10.0, *, seed: int = 0, protected: bo
     report = Report(workers, seconds, seed, protected, fingerprint(plan))
     team = Team(workers, protected=protected, seed=seed, ttl=ttl, work=(0.05, 0.25),
                 hold=(0.005, 0.03), rest=(0.0, 0.1), invoices=3, redeliver=0.1,
-                busy_timeout_ms=100, seconds=seconds)
+                busy_timeout_ms=100, seconds=seconds, root=root)
     report.run_dir = team.run_dir
     try:
         _play(team, plan, report, seconds, ttl, progress)
@@ -221,14 +230,19 @@ def _play(team: Team, plan, report: Report, seconds: float, ttl: float, progress
     thaws, restarts, steps, shown = {}, {}, list(plan), -1.0
     freezes = [a for a in plan if a.kind == "freeze_holder"]
     hunts = [a for a in plan if a.kind == "kill_in_tx"]
-    long_freeze = None          # the holder frozen past its lease, until it is thawed
+    long_freeze, since = None, 0.0    # the holder frozen past its lease (until thawed), and since when
+    spared = {}                       # name -> until when random faults leave it alone
     team.start()
     while (now := team.now()) < seconds:
         for name, at in list(thaws.items()):
+            if name == long_freeze and now >= at and now < min(2 * at - since, seconds - 0.3) \
+                    and not _overtaken(team, team._frozen.get(name)):
+                continue   # hold the frozen holder until a successor has committed above it
             if now >= at:
                 team.thaw(name)
                 del thaws[name]
-                long_freeze = None if name == long_freeze else long_freeze
+                if name == long_freeze:   # let it reach its (stale) write before any other fault
+                    long_freeze, spared[name] = None, now + 1.0
         for name, code in team.exited().items():
             if code != 0 or now < seconds - 0.5:
                 report.errors.append(f"{name} exited with {code}; see {team.run_dir}/logs")
@@ -240,6 +254,8 @@ def _play(team: Team, plan, report: Report, seconds: float, ttl: float, progress
         while steps and steps[0].at <= now:
             step = steps.pop(0)
             name = team.names[step.worker] if step.worker >= 0 else None
+            if name is not None and spared.get(name, 0.0) > now:
+                continue
             if step.kind == "pause" and team.alive(name) and name not in thaws:
                 phase = team.freeze(name)
                 if phase is not None:   # a worker frozen holding the write lock blocks all: keep it short
@@ -251,14 +267,15 @@ def _play(team: Team, plan, report: Report, seconds: float, ttl: float, progress
                 long_freeze = None if name == long_freeze else long_freeze
                 restarts[name] = now + step.seconds
         held = team.holder()
-        owner = held.owner if held is not None and held.owner not in thaws else None
+        owner = held[0] if held is not None and held[0] not in thaws else None
         # Planned freezes of the holder mid-work: retried until that many outlived their lease.
         due = [a for a in freezes if a.at <= now]
         if (owner and long_freeze is None and team.counts["freezes_past_lease"] < len(due)
-                and team.phase(owner) in (LEASED, WORKING)):
+                and team.phase(owner) == WORKING):
             phase = team.freeze(owner)
-            if phase in (LEASED, WORKING) and not team.lock_held():
-                long_freeze, thaws[owner] = owner, now + min(due[-1].seconds, max(seconds - now - 0.1, 0))
+            if phase == WORKING and not team.lock_held():
+                long_freeze, since = owner, now
+                thaws[owner] = now + min(due[-1].seconds, max(seconds - now - 0.3, 0))
             elif phase is not None:   # caught holding the write lock: let it go, try again later
                 thaws[owner] = now + 0.05
         # Planned hunts: retried until that many kills have landed inside BEGIN IMMEDIATE.
@@ -272,6 +289,15 @@ def _play(team: Team, plan, report: Report, seconds: float, ttl: float, progress
     if progress is not None:
         _progress(team, report, seconds, seconds, progress)
         progress.write("\n")
+
+
+def _overtaken(team: Team, frozen) -> bool:
+    """True once a write with a generation above the frozen holder's has committed."""
+    if not frozen:
+        return True
+    top = execute(team.db, "SELECT max(generation) FROM history WHERE run = ? AND action = 'write'",
+                  (team.run,))[0][0]
+    return top is not None and top > frozen[0]
 
 
 def _progress(team: Team, report: Report, now: float, seconds: float, stream) -> None:
@@ -304,10 +330,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seeds the nemesis and the workers")
     parser.add_argument("--unprotected", action="store_true", help="write without fence and keys")
     parser.add_argument("--ttl", type=float, default=0.4, help="lease length in seconds (default 0.4)")
+    parser.add_argument("--dir", default=None, help="where to make the run's folder (default: a temp folder)")
     args = parser.parse_args(argv)
     try:
         report = run(args.workers, args.seconds, seed=args.seed, protected=not args.unprotected,
-                     ttl=args.ttl, progress=sys.stderr)
+                     ttl=args.ttl, progress=sys.stderr, root=args.dir)
     except BadArgument as exc:
         parser.error(str(exc))
     print(report.table())

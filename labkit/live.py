@@ -79,6 +79,8 @@ class Team:
         seed: seeds every worker's random numbers (with its name and incarnation).
         ttl, work, hold, rest, invoices, redeliver, busy_timeout_ms, seconds:
             passed to each worker (see :class:`labkit.procs.WorkerSpec`).
+        root: where the run's folder (board, journals, logs, default database) is
+            made (default: the system's temporary folder). It is kept afterwards.
 
     Counts (``team.counts``): ``freezes``, ``freezes_past_lease`` (a lease holder
     thawed after its lease had expired), ``kills``, ``kills_in_tx`` (killed while
@@ -93,12 +95,13 @@ class Team:
     def __init__(self, workers: int = 2, *, path: str | None = None, protected: bool = True,
                  seed: int = 0, ttl: float = 1.0, work=(0.1, 0.3), hold=(0.005, 0.02),
                  rest=(0.0, 0.1), invoices: int = 3, redeliver: float = 0.0,
-                 busy_timeout_ms: int = 200, seconds: float | None = None) -> None:
+                 busy_timeout_ms: int = 200, seconds: float | None = None,
+                 root: str | None = None) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int):
             raise BadArgumentType("workers", f"must be an int, got {type(workers).__name__}")
         if not 1 <= workers <= 26:
             raise BadArgument("workers", f"must be 1 to 26, got {workers}")
-        self.run_dir = tempfile.mkdtemp(prefix="labkit-live-")
+        self.run_dir = tempfile.mkdtemp(prefix="labkit-run-", dir=root)
         for folder in ("journal", "logs"):
             os.makedirs(os.path.join(self.run_dir, folder))
         self.path = os.fspath(path) if path is not None else os.path.join(self.run_dir, "lab.db")
@@ -154,9 +157,17 @@ class Team:
         return self.board.phase(self.names.index(self._check(name)))
 
     def holder(self):
-        """The unexpired lease on the invoice job, or None."""
+        """``(name, lease)`` if a running worker process holds the unexpired lease, else None.
+
+        A lease left behind by a killed process (until it expires) has no holder here.
+        """
         with self._lock:
-            return self.leases.current(JOB)
+            lease = self.leases.current(JOB)
+        if lease is not None:
+            name, _, number = lease.owner.rpartition(".")
+            if name in self.names and number == str(self.incarnation[name]) and self.alive(name):
+                return name, lease
+        return None
 
     def lock_held(self) -> bool:
         """True if some connection holds the write lock right now (probed with ``BEGIN IMMEDIATE``)."""
@@ -183,9 +194,10 @@ class Team:
         if not self._stop_now(name):
             return None
         held = self.holder()
-        self._frozen[name] = (held.generation,) if held and held.owner == name else None
+        lease = held[1] if held is not None and held[0] == name else None
+        self._frozen[name] = None if lease is None else (lease.generation,)
         self.counts["freezes"] += 1
-        self._note(name, "pause", "ok", None if held is None else held.generation)
+        self._note(name, "pause", "ok", None if lease is None else lease.generation)
         return self.phase(name)
 
     @_locked
@@ -199,7 +211,7 @@ class Team:
         past = None
         if lease is not None:
             held = self.holder()
-            past = held is None or (held.owner, held.generation) != (name, lease[0])
+            past = held is None or (held[0], held[1].generation) != (name, lease[0])
             self.counts["freezes_past_lease"] += past
         self._note(name, "resume", "past_lease" if past else "ok")
         return past
@@ -344,8 +356,9 @@ class Demo(Team):
     """
 
     def __init__(self, workers: int = 2, ttl: float = 2.0, protected: bool = True,
-                 path: str | None = None, *, seed: int = 0, invoices: int = 3) -> None:
-        super().__init__(workers, path=path, protected=protected, seed=seed, ttl=ttl,
+                 path: str | None = None, *, seed: int = 0, invoices: int = 3,
+                 root: str | None = None) -> None:
+        super().__init__(workers, path=path, protected=protected, seed=seed, ttl=ttl, root=root,
                          work=(0.4 * ttl, 0.6 * ttl), hold=(0.03 * ttl, 0.06 * ttl),
                          rest=(0.3 * ttl, 0.6 * ttl), invoices=invoices,
                          busy_timeout_ms=max(200, int(250 * ttl)))
@@ -414,7 +427,7 @@ class _Screen:
 def _story(demo: Demo):
     """A holds the lease and is frozen mid-work; B takes over and commits; A resumes and writes."""
     demo.start("A")
-    while (held := demo.holder()) is None or held.owner != "A":
+    while (held := demo.holder()) is None or held[0] != "A":
         yield
     demo.start("B")
     while True:
@@ -443,7 +456,8 @@ def _story(demo: Demo):
 
 
 def run_demo(seconds: float | None = None, *, protected: bool = True, ttl: float | None = None,
-             path: str | None = None, show: bool = True, every: float = 0.3) -> Demo:
+             path: str | None = None, show: bool = True, every: float = 0.3,
+             root: str | None = None) -> Demo:
     """Play the story with two real processes and a live timeline, then stop them all.
 
     A acquires the lease and starts working; A is frozen (SIGSTOP) past its
@@ -455,7 +469,7 @@ def run_demo(seconds: float | None = None, *, protected: bool = True, ttl: float
         seconds: how long to run (default: ``$LABKIT_LIVE_SECONDS``, else 20).
         protected: the write path. ttl: the lease (default: seconds / 10, within 0.5 to 2).
         path: the SQLite file (default: a temporary one). show: draw in the notebook.
-        every: seconds between redraws.
+        every: seconds between redraws. root: where the run's folder goes (see :class:`Team`).
 
     Returns:
         The stopped :class:`Demo`: ``demo.history()``, ``demo.check()``, ``demo.story``.
@@ -468,7 +482,7 @@ def run_demo(seconds: float | None = None, *, protected: bool = True, ttl: float
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < 3600:
         raise BadArgument("seconds", f"must be a number of seconds in (0, 3600), got {seconds!r}")
     ttl = ttl if ttl is not None else min(2.0, max(0.5, seconds / 10))
-    demo, screen = Demo(2, ttl, protected, path), _Screen(show)
+    demo, screen = Demo(2, ttl, protected, path, root=root), _Screen(show)
     story, telling = _story(demo), True
     end, last = seconds, -every
     try:

@@ -166,7 +166,8 @@ class WorkerSpec:
     Attributes:
         path: the SQLite file. run_dir: the team's folder (board, journals).
         run: the team's run id (history rows carry it). slot: index on the board.
-        name: the worker's name, also its lease owner. incarnation: 1, 2, ... after restarts.
+        name: the worker's name in the history. incarnation: 1, 2, ... after restarts; the lease
+            owner is ``name.incarnation``, so a restarted process never passes for its predecessor.
         seed: seeds this process's ``random.Random``. t0: the team's start on the monotonic clock.
         ttl: lease length in seconds. work, hold, rest: (min, max) seconds of work after
             the read, of holding the write lock inside each write, and of rest between runs.
@@ -192,6 +193,11 @@ class WorkerSpec:
     busy_timeout_ms: int = 200
     seconds: float | None = None
     parent: int = 0
+
+    @property
+    def owner(self) -> str:
+        """The lease owner: ``name.incarnation``."""
+        return f"{self.name}.{self.incarnation}"
 
 
 class _Stop(Exception):
@@ -250,7 +256,7 @@ class Worker:
         try:
             while not self.done():
                 self.phase(IDLE)
-                lease = self.retry("acquire", lambda: self.leases.try_acquire(JOB, self.spec.name,
+                lease = self.retry("acquire", lambda: self.leases.try_acquire(JOB, self.spec.owner,
                                                                               self.spec.ttl))
                 if lease is None:
                     misses += 1

@@ -25,20 +25,23 @@ def test_the_same_seed_gives_the_same_plan():
     assert [a.at for a in plan] == sorted(a.at for a in plan) and plan[-1].at < 0.7 * 4
 
 
-def chaos(*flags: str) -> subprocess.Popen:
+def chaos(folder, *flags: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "labkit.chaos", "--workers", "3", "--seconds", "4",
-                             "--seed", "7", *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                             "--seed", "7", "--dir", str(folder), *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def figure(text: str, pattern: str) -> int:
-    return int(re.search(pattern, text).group(1))
+    found = re.search(pattern, text)
+    assert found, f"{pattern!r} not in the output:\n{text}"
+    return int(found.group(1))
 
 
 @pytest.fixture(scope="module")
-def runs():
+def runs(tmp_path_factory):
     """The short chaos run, protected and unprotected, with the same seed (side by side)."""
-    started = chaos(), chaos("--unprotected")
+    folder = tmp_path_factory.mktemp("chaos")
+    started = chaos(folder), chaos(folder, "--unprotected")
     done = [(p, *p.communicate(timeout=120)) for p in started]
     return [subprocess.CompletedProcess(p.args, p.returncode, out, err) for p, out, err in done]
 

@@ -64,11 +64,12 @@ def write_of(demo: Demo, worker: str, generation: int):
                          and e.generation == generation and e.outcome in ("ok", "rejected")), None)
 
 
-def test_a_frozen_worker_is_stopped_its_successor_commits_and_its_stale_write_bounces():
+def test_a_frozen_worker_is_stopped_its_successor_commits_and_its_stale_write_bounces(tmp_path):
     """SIGSTOP really stops A (state T); B takes over and commits; resumed, A's write is refused by the fence."""
-    with Demo(workers=2, ttl=0.6, protected=True) as demo:
+    with Demo(workers=2, ttl=0.6, protected=True, root=tmp_path) as demo:
         demo.start("A")
-        held = wait_for(demo.holder, "A's lease")
+        name, held = wait_for(demo.holder, "A's lease")
+        assert name == "A"
         demo.start("B")
         wait_for(lambda: demo.phase("A") == WORKING, "A to work")
         assert demo.pause("A", 60) == WORKING
@@ -85,9 +86,9 @@ def test_a_frozen_worker_is_stopped_its_successor_commits_and_its_stale_write_bo
 
 
 @pytest.mark.parametrize("protected", [True, False], ids=["protected", "unprotected"])
-def test_run_demo_tells_the_story_and_stops_its_processes(protected):
+def test_run_demo_tells_the_story_and_stops_its_processes(protected, tmp_path):
     """The scripted story: the stale write bounces (protected) or lands and is flagged (unprotected)."""
-    demo = run_demo(2.5, protected=protected, show=False)
+    demo = run_demo(2.5, protected=protected, show=False, root=tmp_path)
     generation = demo.story["generation"]
     stale = write_of(demo, "A", generation)()
     kinds = {v.kind for v in demo.check()}
@@ -100,7 +101,7 @@ def test_run_demo_tells_the_story_and_stops_its_processes(protected):
     assert all(gone(p.pid) for p in demo.procs.values()) and worker_children() == []
 
 
-def test_an_interrupt_stops_every_process_and_a_second_demo_starts_right_after():
+def test_an_interrupt_stops_every_process_and_a_second_demo_starts_right_after(tmp_path):
     """A KeyboardInterrupt in the middle of run_demo stops every worker; the next demo runs normally."""
     seen = []
 
@@ -110,9 +111,9 @@ def test_an_interrupt_stops_every_process_and_a_second_demo_starts_right_after()
 
     threading.Thread(target=interrupt, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
-        run_demo(30, show=False)
+        run_demo(30, show=False, root=tmp_path)
     assert len(seen) == 2 and all(gone(pid) for pid in seen) and worker_children() == []
-    with Demo(workers=2, ttl=0.5) as again:
+    with Demo(workers=2, ttl=0.5, root=tmp_path) as again:
         again.start()
         wait_for(lambda: any(e.action == "write" and e.outcome == "ok" for e in again.history()),
                  "a commit in the second demo")
@@ -122,15 +123,16 @@ def test_an_interrupt_stops_every_process_and_a_second_demo_starts_right_after()
 KERNEL = """
 import sys, time
 from labkit.live import Demo
-demo = Demo(workers=2, ttl=0.5).start()
+demo = Demo(workers=2, ttl=0.5, root=sys.argv[1]).start()
 print(*[p.pid for p in demo.procs.values()], flush=True)
 time.sleep(60)
 """
 
 
-def test_workers_die_with_their_parent_like_on_a_kernel_restart():
+def test_workers_die_with_their_parent_like_on_a_kernel_restart(tmp_path):
     """When the process that started the workers is SIGKILLed, Linux kills them too (PR_SET_PDEATHSIG)."""
-    kernel = subprocess.Popen([sys.executable, "-c", KERNEL], stdout=subprocess.PIPE, text=True)
+    kernel = subprocess.Popen([sys.executable, "-c", KERNEL, str(tmp_path)], stdout=subprocess.PIPE,
+                              text=True)
     try:
         pids = [int(p) for p in kernel.stdout.readline().split()]
         assert len(pids) == 2 and not any(gone(pid) for pid in pids)
@@ -142,9 +144,9 @@ def test_workers_die_with_their_parent_like_on_a_kernel_restart():
         kernel.wait()
 
 
-def test_pause_thaws_by_itself_and_kill_reports_the_process_dead():
+def test_pause_thaws_by_itself_and_kill_reports_the_process_dead(tmp_path):
     """demo.pause(worker, seconds) thaws after the given time; demo.kill leaves no process."""
-    with Demo(workers=1, ttl=0.5) as demo:
+    with Demo(workers=1, ttl=0.5, root=tmp_path) as demo:
         demo.start()
         wait_for(lambda: demo.phase("A") != 0 or demo.holder(), "A to start working")
         demo.pause("A", 0.2)

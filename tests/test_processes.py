@@ -118,13 +118,13 @@ def test_a_frozen_holder_blocks_every_writer_and_sigkill_rolls_it_back(db_path):
 def freeze_holder_mid_work(team: Team) -> tuple[str, int]:
     """Freeze whoever holds the lease while it works (after its read, outside any transaction)."""
     while True:
-        held = wait_for(team.holder, "a lease holder")
-        if team.phase(held.owner) != WORKING:
+        name, lease = wait_for(team.holder, "a lease holder")
+        if team.phase(name) != WORKING:
             time.sleep(0.002)
             continue
-        if team.freeze(held.owner) == WORKING and not team.lock_held() and team._frozen.get(held.owner):
-            return held.owner, held.generation
-        team.thaw(held.owner)
+        if team.freeze(name) == WORKING and not team.lock_held() and team.holder() == (name, lease):
+            return name, lease.generation
+        team.thaw(name)
 
 
 def first(team: Team, **fields):
@@ -136,12 +136,12 @@ def first(team: Team, **fields):
 
 
 @pytest.mark.parametrize("protected", [True, False], ids=["protected", "unprotected"])
-def test_processes_hammering_one_file_under_freezes_and_kills(protected):
+def test_processes_hammering_one_file_under_freezes_and_kills(protected, tmp_path):
     """Protected, the checker passes a run with holders frozen past their lease and kills inside
     BEGIN IMMEDIATE; unprotected, the same faults let the frozen holders' stale writes land."""
     rng = random.Random(4)
     team = Team(4, protected=protected, seed=4, ttl=0.4, work=(0.05, 0.2), hold=(0.005, 0.03),
-                rest=(0.0, 0.05), redeliver=0.1 if protected else 0.0, seconds=60)
+                rest=(0.0, 0.05), redeliver=0.1 if protected else 0.0, seconds=60, root=tmp_path)
     stale = []
     with team:
         team.start()
@@ -157,8 +157,8 @@ def test_processes_hammering_one_file_under_freezes_and_kills(protected):
                                   f"{name}'s stale write"))
         while team.counts["kills_in_tx"] < 2:          # kill holders inside BEGIN IMMEDIATE
             held = team.holder()
-            if held is not None and team.kill_if_in_tx(held.owner):
-                team.start(held.owner)
+            if held is not None and team.kill_if_in_tx(held[0]):
+                team.start(held[0])
             time.sleep(0.005)
         for _ in range(15):                              # and some seeded random pauses and kills
             name = rng.choice(team.names)
