@@ -640,18 +640,28 @@ class Sim:
 
 
 _HEADLINE = ("lost_update", "stale_accepted", "duplicate_effect", "acted_after_expiry", "foreign_release")
+_LABEL = {"lost_update": "lost update", "stale_accepted": "stale write accepted",
+          "duplicate_effect": "duplicate effect", "acted_after_expiry": "acted after expiry",
+          "foreign_release": "foreign release"}
 
 
 def describe(history: Iterable[Event], violations: Iterable[Violation]) -> str:
     """One line for a student: the worst violation, or what stopped the failure.
 
-    Built only from the history and the checker's violations.
+    Built only from the history and the checker's violations, e.g.
+    ``"A (generation 7) overwrote INV-1 written by B (generation 8), after its
+    lease expired: lost update, stale write accepted"``.
     """
     violations = list(violations)
     if violations:
         worst = min(violations, key=lambda v: _HEADLINE.index(v.kind))
-        more = f" (+{len(violations) - 1} more)" if len(violations) > 1 else ""
-        return f"{worst.message}: {worst.kind.replace('_', ' ')}{more}"
+        same = sorted({v.kind for v in violations if v.event == worst.event}, key=_HEADLINE.index)
+        message = worst.message
+        if "acted_after_expiry" in same and worst.kind != "acted_after_expiry":
+            message += ", after its lease expired"
+        others = len({id(v.event) for v in violations if v.event != worst.event})
+        more = f" (and {others} more)" if others else ""
+        return f"{message}: {', '.join(_LABEL[k] for k in same)}{more}"
     history = list(history)
     fence = None
     for e in history:
