@@ -26,10 +26,27 @@ def check_seconds(value, argument: str, *, allow_zero: bool = True) -> float:
     """Return ``value`` as a finite, non-negative float, or raise naming ``argument``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise BadArgumentType(argument, f"must be a number of seconds, got {type(value).__name__}")
-    if not math.isfinite(value):
-        raise BadArgument(argument, f"must be finite, got {value!r}")
     if value < 0 or (value == 0 and not allow_zero):
-        raise BadArgument(argument, f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+        shown = repr(value) if len(repr(value)) <= 40 else f"an int of {value.bit_length()} bits"
+        raise BadArgument(argument, f"must be {'>= 0' if allow_zero else '> 0'}, got {shown}")
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int too large for a float
+        raise BadArgument(argument, f"must be finite, got an int of {value.bit_length()} bits") from None
+    if not math.isfinite(seconds):
+        raise BadArgument(argument, f"must be finite, got {value!r}")
+    return seconds
+
+
+def read_clock(clock, argument: str = "clock") -> float:
+    """Return ``clock.now()``, refusing a reading that is not a finite number.
+
+    A clock that answers NaN or None would make every expiry comparison false,
+    so a held lease would look free; labkit stops before writing anything.
+    """
+    value = clock.now()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise BadArgument(argument, f"now() must return a finite number, got {value!r}")
     return float(value)
 
 
@@ -38,8 +55,10 @@ class VirtualClock:
 
     Example:
         >>> clock = VirtualClock()
-        >>> clock.advance(10); clock.now()
+        >>> clock.advance(10)
         10.0
+        >>> clock.now(), clock
+        (10.0, VirtualClock(now=10))
     """
 
     def __init__(self, start: float = 0.0) -> None:
@@ -53,9 +72,13 @@ class VirtualClock:
         """Move forward by ``seconds`` (>= 0) and return the new time.
 
         Raises:
-            BadArgument: for a negative, NaN or infinite step.
+            BadArgument: for a negative, NaN or infinite step, or one that would
+                carry the clock past the largest finite time (the clock is unchanged).
         """
-        self._now += check_seconds(seconds, "seconds")
+        now = self._now + check_seconds(seconds, "seconds")
+        if not math.isfinite(now):
+            raise BadArgument("seconds", f"would move the clock past the largest finite time: {seconds!r}")
+        self._now = now
         return self._now
 
     def __repr__(self) -> str:

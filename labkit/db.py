@@ -17,13 +17,22 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import sqlite_utils
 
-from .errors import BadArgument, BadArgumentType, Busy, LabkitError
+from .errors import BadArgument, BadArgumentType, Busy, LabkitError, StaleGeneration
 
-__all__ = ["connect", "transaction", "execute", "rowcount", "quote", "check_name"]
+__all__ = ["connect", "transaction", "execute", "rowcount", "quote", "check_name", "check_db",
+           "check_int", "in_transaction"]
+
+#: The message of the trigger :meth:`labkit.Fence.protect` installs; seeing it
+#: means SQLite itself refused a token below the fence.
+STALE_MESSAGE = "labkit: stale generation"
+#: The message of the same trigger when the token column holds no integer.
+NOT_INT_MESSAGE = "labkit: generation must be an integer"
+NULL_JOB_MESSAGE = "labkit: job_id must not be NULL"
+_MAX_TIMEOUT_MS = 2 ** 31 - 1  # SQLite's busy timeout is a C int
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS lease_counter (
@@ -72,7 +81,9 @@ def connect(path: str = ":memory:", *, busy_timeout_ms: int = 5000) -> sqlite_ut
         A ``sqlite_utils.Database`` wrapping the connection.
 
     Raises:
-        BadArgument: for a bad path or timeout, or a file that is not SQLite.
+        BadArgument: for a bad path or timeout, a file that is not SQLite, or
+            a read-only database that lacks labkit's schema. A path starting
+            with ``file:`` is an SQLite URI, e.g. ``"file:lab.db?mode=ro"``.
         Busy: when the schema cannot be installed within the busy timeout.
 
     Example:
@@ -83,23 +94,26 @@ def connect(path: str = ":memory:", *, busy_timeout_ms: int = 5000) -> sqlite_ut
     path = check_name(os.fspath(path) if isinstance(path, os.PathLike) else path, "path")
     if isinstance(busy_timeout_ms, bool) or not isinstance(busy_timeout_ms, int):
         raise BadArgumentType("busy_timeout_ms", f"must be an int, got {type(busy_timeout_ms).__name__}")
-    if busy_timeout_ms < 0:
-        raise BadArgument("busy_timeout_ms", f"must be >= 0, got {busy_timeout_ms}")
+    if not 0 <= busy_timeout_ms <= _MAX_TIMEOUT_MS:
+        raise BadArgument("busy_timeout_ms", f"must be in 0 .. {_MAX_TIMEOUT_MS}, got {busy_timeout_ms}")
     try:
         conn = sqlite3.connect(path, isolation_level=None, timeout=busy_timeout_ms / 1000,
-                               check_same_thread=False)
+                               check_same_thread=False, uri=path.startswith("file:"))
     except sqlite3.Error as exc:
         raise BadArgument("path", f"cannot open {path!r}: {exc}") from None
     db = sqlite_utils.Database(conn)
     try:
         execute(db, "PRAGMA foreign_keys = ON")
-        if path != ":memory:" and not path.startswith("file::memory:"):
+        if path != ":memory:" and "mode=memory" not in path and not path.startswith("file::memory:"):
             if execute(db, "PRAGMA journal_mode")[0][0] != "wal":
                 execute(db, "PRAGMA journal_mode = WAL")
         if not execute(db, "SELECT 1 FROM sqlite_master WHERE name = 'invoices'"):
             with transaction(db):
                 for statement in filter(str.strip, SCHEMA.split(";")):
                     execute(db, statement)
+    except BadArgument as exc:  # not SQLite, read-only without labkit's schema, ...
+        conn.close()
+        raise BadArgument("path", f"cannot use {path!r}: {str(exc).split(': ', 1)[-1]}") from None
     except BaseException:
         conn.close()
         raise
@@ -117,25 +131,74 @@ def check_name(value: Any, argument: str) -> str:
     return value
 
 
+def check_int(value: Any, argument: str) -> int:
+    """Return ``value`` if it is an int in SQLite's range 0 .. 2**63-1, else raise naming ``argument``.
+
+    Bools are refused: ``True`` is not a generation.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadArgumentType(argument, f"must be an int, got {type(value).__name__}")
+    if not 0 <= value < 2 ** 63:
+        shown = value if value.bit_length() <= 80 else f"an int of {value.bit_length()} bits"
+        raise BadArgument(argument, f"must be in 0 .. 2**63-1, got {shown}")
+    return value
+
+
 def quote(identifier: str) -> str:
     """Quote an SQL identifier (a table or column name) the one way labkit does."""
     check_name(identifier, "identifier")
     return '"' + identifier.replace('"', '""') + '"'
 
 
-def _conn(db) -> sqlite3.Connection:
+def check_db(db, argument: str = "db") -> sqlite3.Connection:
+    """Return the sqlite3 connection of ``db`` (a labkit database or a connection).
+
+    Raises:
+        BadArgumentType: ``db`` is neither, naming ``argument``.
+    """
     conn = getattr(db, "conn", db)
     if not isinstance(conn, sqlite3.Connection):
-        raise BadArgumentType("db", f"must be a labkit database, got {type(db).__name__}")
+        raise BadArgumentType(argument, f"must be a labkit database, got {type(db).__name__}")
     return conn
 
 
-def _translate(exc: sqlite3.Error, conn: sqlite3.Connection) -> LabkitError:
+_conn = check_db
+
+
+def _stale(conn: sqlite3.Connection, params: Any) -> StaleGeneration:
+    """The trigger refused a row: say what we can know about it, read back now."""
+    job = offered = current = None
+    if isinstance(params, Mapping):
+        job = params.get("job_id", params.get("job"))
+        with contextlib.suppress(sqlite3.Error):
+            for (column,) in conn.execute("SELECT column_name FROM labkit_protected"):
+                if column in params:
+                    offered = params[column]
+                    break
+    if isinstance(job, str):
+        with contextlib.suppress(sqlite3.Error):
+            row = conn.execute("SELECT epoch, generation FROM job_fence WHERE job_id = ?",
+                               (job,)).fetchone()
+            if row is not None:
+                current = row[1] if row[0] == 0 else tuple(row)
+    return StaleGeneration(offered, current, job)
+
+
+def _translate(exc: sqlite3.Error, conn: sqlite3.Connection, params: Any = ()) -> LabkitError:
     text = str(exc)
     if isinstance(exc, sqlite3.ProgrammingError) and "closed" in text:
         return BadArgument("db", "the database connection is closed")
+    if STALE_MESSAGE in text:
+        return _stale(conn, params)
+    if NOT_INT_MESSAGE in text:
+        return BadArgumentType("generation", "a fenced row's token must be an integer")
+    if NULL_JOB_MESSAGE in text:
+        return BadArgument("job_id", "a fenced row's job_id must not be NULL")
     if "locked" in text or "busy" in text:
-        return Busy()
+        timeout_ms = None
+        with contextlib.suppress(sqlite3.Error):
+            timeout_ms = conn.execute("PRAGMA busy_timeout").fetchone()[0]
+        return Busy(timeout_ms)
     if "readonly" in text or "read-only" in text:
         return BadArgument("db", "the database is read-only")
     if "not a database" in text or "malformed" in text:
@@ -146,32 +209,55 @@ def _translate(exc: sqlite3.Error, conn: sqlite3.Connection) -> LabkitError:
 def execute(db, sql: str, params: Any = ()) -> list[tuple]:
     """Run one statement with bound ``params`` and return all its rows, fetched.
 
-    Driver errors are translated into labkit errors. This is the only function
-    in labkit that calls ``sqlite3`` directly.
+    Driver errors are translated into labkit errors here (and in :func:`rowcount`);
+    this module is the only place labkit calls ``sqlite3``.
+
+    Raises:
+        BadArgumentType, BadArgument: ``sql`` is not one statement, or ``params``
+            cannot be bound (wrong count or type, an int >= 2**63).
+        StaleGeneration: a table protected by :meth:`labkit.Fence.protect` refused the row.
+        Busy: the write lock stayed taken past the busy timeout.
+
+    Example:
+        >>> execute(connect(), "SELECT ? + 1", (41,))
+        [(42,)]
     """
-    conn = _conn(db)
-    try:
-        cursor = conn.execute(sql, params)
-        try:
-            return cursor.fetchall()
-        finally:
-            cursor.close()
-    except sqlite3.Error as exc:
-        raise _translate(exc, conn) from exc
+    return _run(db, sql, params)[0]
 
 
 def rowcount(db, sql: str, params: Any = ()) -> int:
-    """Run one write statement with bound ``params`` and return how many rows it changed."""
+    """Run one write statement with bound ``params`` and return how many rows it changed.
+
+    Raises the same errors as :func:`execute`.
+
+    Example:
+        >>> rowcount(connect(), "UPDATE job_fence SET generation = 1 WHERE job_id = ?", ("none",))
+        0
+    """
+    return _run(db, sql, params)[1]
+
+
+def _run(db, sql: str, params: Any) -> tuple[list[tuple], int]:
     conn = _conn(db)
+    if not isinstance(sql, str):
+        raise BadArgumentType("sql", f"must be a str, got {type(sql).__name__}")
     try:
         cursor = conn.execute(sql, params)
         try:
-            cursor.fetchall()
-            return cursor.rowcount
+            return cursor.fetchall(), cursor.rowcount
         finally:
             cursor.close()
+    except OverflowError as exc:
+        raise BadArgument("params", f"{exc} (SQLite integers are below 2**63)") from None
+    except sqlite3.ProgrammingError as exc:
+        text = str(exc)
+        if "one statement at a time" in text:
+            raise BadArgument("sql", "must be exactly one statement") from None
+        if "bind" in text or "supplied" in text or "parameters" in text:
+            raise BadArgument("params", text) from None
+        raise _translate(exc, conn, params) from exc
     except sqlite3.Error as exc:
-        raise _translate(exc, conn) from exc
+        raise _translate(exc, conn, params) from exc
 
 
 @contextlib.contextmanager
@@ -198,6 +284,15 @@ def transaction(db) -> Iterator[sqlite3.Connection]:
         with contextlib.suppress(sqlite3.Error, LabkitError):
             execute(conn, "ROLLBACK")
         raise
+
+
+def in_transaction(db) -> bool:
+    """Whether a transaction is open on ``db``'s connection.
+
+    Raises:
+        BadArgument: the connection is closed.
+    """
+    return _in_transaction(_conn(db))
 
 
 def _in_transaction(conn: sqlite3.Connection) -> bool:

@@ -81,17 +81,20 @@ class StaleGeneration(LabkitError):
     """The fence has seen a higher token: this writer is obsolete and wrote nothing.
 
     Attributes:
-        offered: the token the writer offered.
-        current: the fence's token at the time.
+        offered: the token the writer offered (None when it cannot be known,
+            e.g. a protected table refused a row bound by position).
+        current: the fence's token at the time (None when unknown).
         job: the fenced job, when known.
     """
 
     def __init__(self, offered, current, job: str | None = None) -> None:
         self.offered, self.current, self.job = offered, current, job
+        what = f"generation {offered}" if offered is not None else "a stale generation"
         where = f" of job {job!r}" if job is not None else ""
+        at = f" (already at {current})" if current is not None else ""
         super().__init__(
-            f"generation {offered} is below the fence{where} (already at {current}); "
-            "this writer is obsolete, its transaction was rolled back"
+            f"{what} is below the fence{where}{at}; "
+            "this writer is obsolete, its write was rolled back"
         )
 
 

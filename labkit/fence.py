@@ -15,20 +15,37 @@ from typing import Any, Iterator
 
 import sqlite_utils
 
-from .db import check_name, execute, transaction
-from .errors import BadArgument, BadArgumentType, StaleGeneration
+from .db import check_int, check_name, execute, in_transaction, quote, transaction
+from .errors import BadArgument, BadArgumentType, LabkitError, StaleGeneration
 
 __all__ = ["Fence", "Tx", "token"]
 
-_LIMIT = 2 ** 63
+_int = check_int
+_OWN_TABLES = {"job_fence", "lease_counter", "leases", "idempotency_keys", "labkit_protected"}
+
+# The triggers of Fence.protect. Only quoted identifiers are formatted in (a
+# trigger cannot take bound parameters); the messages are fixed literals that
+# labkit.db translates. One CASE does every check in one step; the upsert
+# raises the fence in the same statement as the row's write.
+_TRIGGER = """
+CREATE TRIGGER IF NOT EXISTS {name} BEFORE {event} ON {table} BEGIN
+    SELECT CASE
+        WHEN typeof(NEW.{column}) <> 'integer'
+            THEN RAISE(ABORT, 'labkit: generation must be an integer')
+        WHEN NEW.job_id IS NULL
+            THEN RAISE(ABORT, 'labkit: job_id must not be NULL')
+        WHEN (0, NEW.{column}) < (SELECT epoch, generation FROM job_fence WHERE job_id = NEW.job_id)
+            THEN RAISE(ABORT, 'labkit: stale generation')
+    END;
+    INSERT INTO job_fence(job_id, epoch, generation) VALUES (NEW.job_id, 0, NEW.{column})
+        ON CONFLICT(job_id) DO UPDATE SET generation = excluded.generation
+        WHERE generation < excluded.generation;
+END"""
 
 
-def _int(value: Any, argument: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadArgumentType(argument, f"must be an int, got {type(value).__name__}")
-    if not 0 <= value < _LIMIT:
-        raise BadArgument(argument, f"must be in 0 .. 2**63-1, got {value}")
-    return value
+def _missing(job: str) -> LabkitError:
+    return LabkitError(f"the fence row of job {job!r} is gone: a fence must never be reset; "
+                       "restore it with its highest token")
 
 
 def token(generation: Any, argument: str = "generation") -> tuple[int, int]:
@@ -63,12 +80,31 @@ class Tx:
     token: tuple[int, int]
 
     def execute(self, sql: str, params: Any = ()) -> list[tuple]:
-        """Run one statement in this transaction with bound ``params``; return all rows."""
+        """Run one statement in this transaction with bound ``params``; return all rows.
+
+        The rows are a fully fetched list, so nothing is left open at ``COMMIT``.
+
+        Raises:
+            BadArgument: the transaction has ended (the ``with`` block is over): a
+                write here would escape the fence, so it is refused.
+
+        Example:
+            >>> from labkit import connect, Fence
+            >>> with Fence(connect(), "job").guard(1) as tx:
+            ...     tx.execute("SELECT generation FROM job_fence")
+            [(1,)]
+        """
+        if not in_transaction(self.conn):
+            raise BadArgument("tx", "this transaction has ended; write inside the with block")
         return execute(self.conn, sql, params)
 
     @property
     def db(self) -> sqlite_utils.Database:
-        """The sqlite-utils view of the same connection and transaction."""
+        """The sqlite-utils view of the same connection and transaction.
+
+        Its writes (``tx.db["invoices"].insert({...})``) commit or roll back with
+        the guard. Unlike :meth:`execute` it cannot refuse use after the block ends.
+        """
         return sqlite_utils.Database(self.conn)
 
 
@@ -92,21 +128,54 @@ class Fence:
                             "ON CONFLICT(job_id) DO NOTHING", (self.job,))
 
     def current(self) -> int | tuple[int, int]:
-        """Return the highest token the fence has accepted (an int while the epoch is 0)."""
+        """Return the highest token the fence has accepted (an int while the epoch is 0).
+
+        Raises:
+            LabkitError: the fence row was deleted behind labkit's back (a fence
+                must never be reset; restore it with its old token).
+
+        Example:
+            >>> from labkit import connect
+            >>> Fence(connect(), "job").current()
+            0
+        """
         rows = execute(self.db, "SELECT epoch, generation FROM job_fence WHERE job_id = ?", (self.job,))
+        if not rows:
+            raise _missing(self.job)
         return show(rows[0])
 
     @contextlib.contextmanager
     def guard(self, generation) -> Iterator[Tx]:
         """Open ``BEGIN IMMEDIATE`` and raise the fence to ``generation``, or refuse.
 
+        One conditional ``UPDATE ... WHERE (epoch, generation) <= (:epoch, :generation)
+        RETURNING`` decides: a row back means accepted (equal tokens are accepted).
         The block's writes and the raised fence commit together, or roll back
         together on any exception. While the block runs, this transaction holds
         the write lock: a successor's guard waits for it (up to its busy timeout).
 
+        Args:
+            generation: an int ``n`` (meaning ``(0, n)``) or an ``(epoch, counter)`` pair.
+
+        Yields:
+            A :class:`Tx` for the block's writes.
+
         Raises:
+            BadArgument, BadArgumentType: ``generation`` is not a token (nothing ran).
             StaleGeneration: the fence is above ``generation``; nothing was written.
             Busy: the write lock stayed taken past the busy timeout.
+
+        Example:
+            >>> from labkit import connect
+            >>> fence = Fence(connect(), "job")
+            >>> with fence.guard(8) as tx:
+            ...     _ = tx.execute("INSERT INTO invoices VALUES ('job', 'INV-1', 100, 8)")
+            >>> try:
+            ...     with fence.guard(7) as tx:
+            ...         _ = tx.execute("INSERT INTO invoices VALUES ('job', 'INV-2', 90, 7)")
+            ... except StaleGeneration as exc:
+            ...     print(exc.offered, exc.current)
+            7 8
         """
         epoch, counter = token(generation)
         with transaction(self.db) as conn:
@@ -118,6 +187,76 @@ class Fence:
             if not raised:
                 raise StaleGeneration(show((epoch, counter)), self.current(), self.job)
             yield Tx(conn, (epoch, counter))
+
+    def protect(self, table: str, column: str = "generation") -> None:
+        """Make SQLite itself refuse stale rows in ``table``, for every writer.
+
+        Installs two ``BEFORE INSERT``/``BEFORE UPDATE`` triggers on ``table``. For
+        each new row they compare ``(0, NEW.<column>)`` with the ``job_fence`` row
+        whose ``job_id`` is the row's ``job_id``: a lower token aborts the statement
+        (nothing of it is written); otherwise the same statement raises that fence
+        to the row's token (creating the fence row if the job had none). A writer
+        that never calls :meth:`guard` can then no longer write stale. labkit's own
+        calls (:func:`labkit.db.execute`, ``tx.execute``) report the refusal as
+        :class:`~labkit.StaleGeneration`; a bare ``sqlite3`` writer sees
+        ``IntegrityError: labkit: stale generation``.
+
+        Rules for the table: it must have a ``job_id`` column (the fenced job of
+        each row) and ``column`` holds the writer's token as an integer (a row
+        without an integer token is refused). An ``UPDATE`` must set ``column`` to
+        the updater's token: the triggers judge the row as it will be. Deletes are
+        not fenced. Existing rows raise their jobs' fences to their highest token.
+        Calling it again changes nothing.
+
+        Args:
+            table: the table to protect (not one of labkit's own tables).
+            column: the integer token column, ``"generation"`` by default.
+
+        Raises:
+            BadArgument: no such table, no ``job_id`` or ``column`` column, or
+                one of labkit's own tables. Nothing was changed.
+
+        Example:
+            >>> from labkit import connect
+            >>> from labkit.db import execute
+            >>> db = connect(); fence = Fence(db, "job"); fence.protect("invoices")
+            >>> _ = execute(db, "INSERT INTO invoices VALUES ('job', 'INV-1', 120, 8)")
+            >>> fence.current()
+            8
+            >>> try:
+            ...     execute(db, "INSERT INTO invoices VALUES (:job_id, 'INV-2', 100, :generation)",
+            ...             {"job_id": "job", "generation": 7})
+            ... except StaleGeneration as exc:
+            ...     print(exc.offered, exc.current, exc.job)
+            7 8 job
+        """
+        table, column = check_name(table, "table"), check_name(column, "column")
+        if table.lower() in _OWN_TABLES:
+            raise BadArgument("table", f"{table!r} is one of labkit's own tables")
+        kinds = execute(self.db, "SELECT type FROM sqlite_master WHERE name = ? COLLATE NOCASE", (table,))
+        if ("table",) not in kinds:
+            raise BadArgument("table", f"there is no table named {table!r}")
+        columns = {name.lower() for (name,) in
+                   execute(self.db, "SELECT name FROM pragma_table_info(?)", (table,))}
+        if "job_id" not in columns:
+            raise BadArgument("table", f"{table!r} has no job_id column: protect() fences rows by job_id")
+        if column.lower() not in columns:
+            raise BadArgument("column", f"{table!r} has no column {column!r}")
+        t, c = quote(table), quote(column)
+        with transaction(self.db):
+            execute(self.db, "CREATE TABLE IF NOT EXISTS labkit_protected ("
+                             "table_name TEXT, column_name TEXT, PRIMARY KEY (table_name, column_name))")
+            for event in ("INSERT", "UPDATE"):
+                name = quote(f"labkit_fence:{len(table)}:{table}:{column}:{event.lower()}")
+                execute(self.db, _TRIGGER.format(name=name, event=event, table=t, column=c))
+            execute(self.db, f"""
+                INSERT INTO job_fence(job_id, epoch, generation)
+                SELECT job_id, 0, max({c}) FROM {t}
+                WHERE typeof({c}) = 'integer' AND job_id IS NOT NULL GROUP BY job_id
+                ON CONFLICT(job_id) DO UPDATE SET generation = excluded.generation
+                WHERE epoch = 0 AND generation < excluded.generation""")
+            execute(self.db, "INSERT INTO labkit_protected VALUES (?, ?) ON CONFLICT DO NOTHING",
+                    (table, column))
 
     def __repr__(self) -> str:
         return f"Fence(job={self.job!r})"

@@ -8,11 +8,12 @@ effect: the key and the effect commit together or not at all.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any, Callable
 
-from .db import check_name, execute, rowcount, transaction
-from .errors import BadArgument, KeyReused
+from .db import check_db, check_name, execute, in_transaction, rowcount, transaction
+from .errors import BadArgument, BadArgumentType, KeyReused, LabkitError
 from .fence import Tx
 
 __all__ = ["run_once"]
@@ -42,10 +43,13 @@ def run_once(db_or_tx, key: str, effect: Callable[[Tx], Any], *, payload: Any = 
             payload (compared as canonical JSON) is an error.
 
     Returns:
-        The effect's result, from this call or from the first one.
+        The effect's result as JSON gives it back (a tuple comes back as a list),
+        the same value on the first call and on every repeat.
 
     Raises:
         KeyReused: same key, different payload. Nothing was written.
+        BadArgument, BadArgumentType: a bad key, effect, payload or ``db_or_tx``,
+            or an effect whose result is not JSON (its writes are undone).
         Any exception from ``effect``: nothing was recorded.
 
     Example:
@@ -56,10 +60,13 @@ def run_once(db_or_tx, key: str, effect: Callable[[Tx], Any], *, payload: Any = 
     """
     key = check_name(key, "key")
     if not callable(effect):
-        raise BadArgument("effect", f"must be callable, got {type(effect).__name__}")
+        raise BadArgumentType("effect", f"must be callable, got {type(effect).__name__}")
     offered = _canonical(payload, "payload")
     if isinstance(db_or_tx, Tx):
+        if not in_transaction(db_or_tx.conn):
+            raise BadArgument("db_or_tx", "this tx's transaction has ended; call run_once inside the with block")
         return _in_savepoint(db_or_tx, key, effect, offered)
+    check_db(db_or_tx, "db_or_tx")
     with transaction(db_or_tx) as conn:
         return _in_savepoint(Tx(conn, (0, 0)), key, effect, offered)
 
@@ -70,9 +77,10 @@ def _in_savepoint(tx: Tx, key: str, effect, offered: str) -> Any:
         won = rowcount(tx.conn, "INSERT INTO idempotency_keys(key, payload, result) "
                                 "VALUES (?, ?, NULL) ON CONFLICT(key) DO NOTHING", (key, offered))
         if won == 1:
-            result = effect(tx)
+            result_json = _canonical(effect(tx), "effect")
             execute(tx.conn, "UPDATE idempotency_keys SET result = ? WHERE key = ?",
-                    (_canonical(result, "effect's result"), key))
+                    (result_json, key))
+            result = json.loads(result_json)  # the same value a repeat will return
         else:
             stored, result_json = execute(
                 tx.conn, "SELECT payload, result FROM idempotency_keys WHERE key = ?", (key,))[0]
@@ -80,8 +88,9 @@ def _in_savepoint(tx: Tx, key: str, effect, offered: str) -> Any:
                 raise KeyReused(key, stored, offered)
             result = json.loads(result_json)
     except BaseException:
-        execute(tx.conn, "ROLLBACK TO run_once")
-        execute(tx.conn, "RELEASE run_once")
+        with contextlib.suppress(LabkitError):  # if this fails, the caller's ROLLBACK undoes all
+            execute(tx.conn, "ROLLBACK TO run_once")
+            execute(tx.conn, "RELEASE run_once")
         raise
     execute(tx.conn, "RELEASE run_once")
     return result

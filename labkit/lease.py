@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .clock import Clock, check_seconds
-from .db import check_name, execute, rowcount, transaction
-from .errors import LeaseHeld, LeaseLost, BadArgumentType
+import math
+
+from .clock import Clock, check_seconds, read_clock
+from .db import check_db, check_int, check_name, execute, rowcount, transaction
+from .errors import BadArgument, BadArgumentType, LeaseHeld, LeaseLost
 
 __all__ = ["Lease", "LeaseAuthority"]
 
@@ -29,6 +31,9 @@ class Lease:
         generation: the fencing token issued with it; strictly increasing per name.
         expires_at: the authority's time at which it expires (expired when ``now >= expires_at``).
         ttl: the lease's length in seconds; a renewal extends by this much.
+
+    Constructing one checks its fields (``BadArgument``/``BadArgumentType`` naming
+    the field), so a hand-made lease with, say, ``generation=True`` never reaches SQL.
     """
 
     name: str
@@ -36,6 +41,16 @@ class Lease:
     generation: int
     expires_at: float
     ttl: float
+
+    def __post_init__(self) -> None:
+        check_name(self.name, "name")
+        check_name(self.owner, "owner")
+        check_int(self.generation, "generation")
+        check_seconds(self.ttl, "ttl", allow_zero=False)
+        if isinstance(self.expires_at, bool) or not isinstance(self.expires_at, (int, float)):
+            raise BadArgumentType("expires_at", f"must be a number, got {type(self.expires_at).__name__}")
+        if not math.isfinite(self.expires_at):
+            raise BadArgument("expires_at", f"must be finite, got {self.expires_at!r}")
 
 
 class LeaseAuthority:
@@ -53,6 +68,7 @@ class LeaseAuthority:
     """
 
     def __init__(self, db, clock: Clock) -> None:
+        check_db(db)
         if not callable(getattr(clock, "now", None)):
             raise BadArgumentType("clock", f"must have now(), got {type(clock).__name__}")
         self.db, self.clock = db, clock
@@ -74,7 +90,9 @@ class LeaseAuthority:
         name, owner = check_name(name, "name"), check_name(owner, "owner")
         ttl = check_seconds(ttl, "ttl", allow_zero=False)
         with transaction(self.db):
-            now = self.clock.now()
+            now = read_clock(self.clock)
+            if not math.isfinite(now + ttl):
+                raise BadArgument("ttl", f"now + ttl must be finite, got {now} + {ttl}")
             execute(self.db, "INSERT INTO lease_counter(name, generation) VALUES (?, 0) "
                              "ON CONFLICT(name) DO NOTHING", (name,))
             won = execute(self.db, """
@@ -101,7 +119,7 @@ class LeaseAuthority:
         if lease is None:
             held = self.current(name)
             if held is None:  # expired between the two reads: report what we saw
-                raise LeaseHeld(name, "<expired meanwhile>", -1, self.clock.now())
+                raise LeaseHeld(name, "<expired meanwhile>", -1, read_clock(self.clock))
             raise LeaseHeld(name, held.owner, held.generation, held.expires_at)
         return lease
 
@@ -113,8 +131,10 @@ class LeaseAuthority:
         """
         lease = _check_lease(lease)
         with transaction(self.db):
-            now = self.clock.now()
+            now = read_clock(self.clock)
             expires_at = now + lease.ttl
+            if not math.isfinite(expires_at):
+                raise BadArgument("lease", f"now + ttl must be finite, got {now} + {lease.ttl}")
             changed = rowcount(self.db, """
                 UPDATE leases SET expires_at = :expires_at
                 WHERE name = :name AND owner = :owner AND generation = :generation
@@ -146,7 +166,7 @@ class LeaseAuthority:
         """Return the unexpired lease on ``name``, or None. A read: it never blocks."""
         name = check_name(name, "name")
         rows = execute(self.db, "SELECT name, owner, generation, expires_at, ttl FROM leases "
-                                "WHERE name = ? AND expires_at > ?", (name, self.clock.now()))
+                                "WHERE name = ? AND expires_at > ?", (name, read_clock(self.clock)))
         return Lease(*rows[0]) if rows else None
 
     def __repr__(self) -> str:

@@ -1,0 +1,417 @@
+"""The fence: the resource remembers the highest token and refuses lower ones."""
+
+import sqlite3
+import threading
+
+import pytest
+
+import labkit
+from labkit import Fence, LabkitError, StaleGeneration
+from labkit.db import execute, transaction
+
+INSERT = "INSERT INTO invoices(job_id, invoice_id, amount, generation) VALUES (?, ?, ?, ?)"
+
+
+def invoices(db):
+    """Every invoice row, ordered."""
+    return execute(db, "SELECT job_id, invoice_id, amount, generation FROM invoices ORDER BY 1, 2")
+
+
+def generation_seven(leases):
+    """Six earlier holders come and go, then A acquires a 10 s lease: generation 7."""
+    for n in range(6):
+        leases.release(leases.acquire("invoice-run", f"earlier-{n}", ttl=10))
+    return leases.acquire("invoice-run", "A", ttl=10)
+
+
+# --- the source's own numbers -------------------------------------------------------
+
+def test_source_story_unfenced_write_from_a_overwrites_bs_invoices(leases, clock, db):
+    """Without the fence, A (generation 7) resumes after B (8) and overwrites B's invoice."""
+    a = generation_seven(leases)
+    assert (a.generation, a.expires_at) == (7, 10.0)
+    clock.advance(12)
+    b = leases.acquire("invoice-run", "B", ttl=10)
+    assert b.generation == 8
+    with transaction(db):
+        execute(db, INSERT, ("invoice-run", "INV-1", 120, b.generation))
+    clock.advance(18)                                          # A wakes at t=30
+    with transaction(db):                                      # A's unfenced write
+        execute(db, "UPDATE invoices SET amount = ?, generation = ? WHERE invoice_id = ?",
+                (100, a.generation, "INV-1"))
+    assert invoices(db) == [("invoice-run", "INV-1", 100, 7)]   # B's work is lost
+
+
+def test_source_story_fenced_write_from_a_is_rejected_and_writes_nothing(leases, clock, db, dump):
+    """With the fence, B commits at 8; A's guard with 7 raises StaleGeneration(7, 8) and writes nothing."""
+    fence = Fence(db, "invoice-run")
+    a = generation_seven(leases)
+    clock.advance(12)
+    b = leases.acquire("invoice-run", "B", ttl=10)
+    with fence.guard(b.generation) as tx:
+        tx.execute(INSERT, ("invoice-run", "INV-1", 120, b.generation))
+        tx.execute(INSERT, ("invoice-run", "INV-2", 80, b.generation))
+    clock.advance(18)
+    before = dump()
+    ran = []
+    with pytest.raises(StaleGeneration) as caught:
+        with fence.guard(a.generation) as tx:
+            ran.append("A's block")
+            tx.execute("UPDATE invoices SET amount = 100, generation = 7 WHERE invoice_id = 'INV-1'")
+    assert (caught.value.offered, caught.value.current, caught.value.job) == (7, 8, "invoice-run")
+    assert ran == []
+    assert dump() == before
+    assert invoices(db) == [("invoice-run", "INV-1", 120, 8), ("invoice-run", "INV-2", 80, 8)]
+    assert fence.current() == 8
+
+
+def test_source_story_two_writes_with_eight_are_both_accepted(db):
+    """Equal tokens pass: the owner of generation 8 may write twice."""
+    fence = Fence(db, "invoice-run")
+    for invoice in ("INV-1", "INV-2"):
+        with fence.guard(8) as tx:
+            tx.execute(INSERT, ("invoice-run", invoice, 10, 8))
+    assert invoices(db) == [("invoice-run", "INV-1", 10, 8), ("invoice-run", "INV-2", 10, 8)]
+    assert fence.current() == 8
+
+
+def test_source_story_a_repeat_within_eight_passes_the_fence_and_only_a_key_stops_it(db):
+    """Fencing is not duplicate suppression: a repeated charge at 8 lands twice, unless run_once holds its key."""
+    execute(db, "CREATE TABLE charges (job_id TEXT, amount INTEGER, generation INTEGER)")
+    fence = Fence(db, "invoice-run")
+    charge = "INSERT INTO charges VALUES ('invoice-run', 120, 8)"
+    for _ in range(2):                                         # unprotected against repeats
+        with fence.guard(8) as tx:
+            tx.execute(charge)
+    assert execute(db, "SELECT count(*) FROM charges") == [(2,)]
+    calls = []
+
+    def effect(tx):
+        calls.append(tx.token)
+        tx.execute(charge)
+        return "charged"
+    for _ in range(2):                                         # the key stops the repeat
+        with fence.guard(8) as tx:
+            assert labkit.run_once(tx, "charge/invoice-run/8", effect) == "charged"
+    assert calls == [(0, 8)]
+    assert execute(db, "SELECT count(*) FROM charges") == [(3,)]
+
+
+def test_source_story_a_unique_key_also_stops_the_repeat(db, dump):
+    """Inserting the same invoice twice at 8: the primary key refuses the second, and its guard rolls back."""
+    fence = Fence(db, "invoice-run")
+    with fence.guard(8) as tx:
+        tx.execute(INSERT, ("invoice-run", "INV-1", 120, 8))
+    before = dump()
+    with pytest.raises(LabkitError, match="UNIQUE"):
+        with fence.guard(8) as tx:
+            tx.execute(INSERT, ("invoice-run", "INV-1", 120, 8))
+    assert dump() == before
+
+
+# --- the fence's rules ----------------------------------------------------------------
+
+def test_a_new_fence_starts_at_zero_and_construction_is_idempotent(db):
+    """Fence() creates the permanent row at 0 once; a second Fence() keeps its token."""
+    fence = Fence(db, "job")
+    assert fence.current() == 0
+    with fence.guard(5):
+        pass
+    assert Fence(db, "job").current() == 5
+    assert execute(db, "SELECT job_id, epoch, generation FROM job_fence") == [("job", 0, 5)]
+
+
+def test_guard_accepts_equal_and_higher_and_refuses_lower(db):
+    """The accepted tokens never go down: 3, 3, 5 pass; 4 and 0 are refused."""
+    fence = Fence(db, "job")
+    outcomes = []
+    for offered in (3, 3, 5, 4, 0, 5):
+        try:
+            with fence.guard(offered):
+                outcomes.append((offered, "ok"))
+        except StaleGeneration as exc:
+            outcomes.append((offered, f"stale<{exc.current}"))
+    assert outcomes == [(3, "ok"), (3, "ok"), (5, "ok"), (4, "stale<5"), (0, "stale<5"), (5, "ok")]
+
+
+def test_epoch_counter_pairs_compare_as_row_values(db):
+    """(1, 2) beats (0, 100); afterwards int 100 means (0, 100) and is refused; current() shows the pair."""
+    fence = Fence(db, "job")
+    with fence.guard(100):
+        pass
+    with fence.guard((1, 2)):
+        pass
+    assert fence.current() == (1, 2)
+    with pytest.raises(StaleGeneration) as caught:
+        with fence.guard(100):
+            pass
+    assert (caught.value.offered, caught.value.current) == (100, (1, 2))
+    with pytest.raises(StaleGeneration):
+        with fence.guard((1, 1)):
+            pass
+    with fence.guard([1, 3]) as tx:
+        assert tx.token == (1, 3)
+    assert execute(db, "SELECT epoch, generation FROM job_fence") == [(1, 3)]
+
+
+def test_an_exception_inside_guard_rolls_back_the_writes_and_the_fence(db, dump):
+    """A failing block leaves neither its rows nor the raised fence behind."""
+    fence = Fence(db, "job")
+    before = dump()
+    with pytest.raises(ZeroDivisionError):
+        with fence.guard(9) as tx:
+            tx.execute(INSERT, ("job", "INV-1", 1, 9))
+            1 / 0
+    assert dump() == before
+    assert fence.current() == 0
+
+
+def test_tx_execute_returns_fully_fetched_lists(db):
+    """RETURNING rows come back as a list and COMMIT succeeds (no statement left in progress)."""
+    fence = Fence(db, "job")
+    with fence.guard(1) as tx:
+        returned = tx.execute("INSERT INTO invoices VALUES ('job', 'INV-1', 5, 1), ('job', 'INV-2', 6, 1) "
+                              "RETURNING invoice_id")
+        assert returned == [("INV-1",), ("INV-2",)] and isinstance(returned, list)
+    assert [r[1] for r in invoices(db)] == ["INV-1", "INV-2"]
+
+
+def test_tx_db_inserts_stay_in_the_guards_transaction(db):
+    """A sqlite-utils insert through tx.db rolls back with the guard, and commits with it."""
+    fence = Fence(db, "job")
+    with pytest.raises(RuntimeError):
+        with fence.guard(1) as tx:
+            tx.db["invoices"].insert({"job_id": "job", "invoice_id": "INV-1", "amount": 5, "generation": 1})
+            raise RuntimeError("crash inside the guard")
+    assert invoices(db) == []
+    with fence.guard(1) as tx:
+        tx.db["invoices"].insert({"job_id": "job", "invoice_id": "INV-1", "amount": 5, "generation": 1})
+    assert invoices(db) == [("job", "INV-1", 5, 1)]
+
+
+def test_tx_execute_after_the_block_is_refused(db, dump):
+    """A write through a tx whose block has ended would escape the fence: it is refused and writes nothing."""
+    fence = Fence(db, "job")
+    with fence.guard(1) as tx:
+        pass
+    before = dump()
+    with pytest.raises(labkit.BadArgument, match="tx"):
+        tx.execute(INSERT, ("job", "INV-1", 5, 1))
+    assert dump() == before
+
+
+def test_a_deleted_fence_row_is_an_error_not_a_reset(db, dump):
+    """If someone deletes the fence row, guard refuses instead of starting again at 0."""
+    fence = Fence(db, "job")
+    with fence.guard(8):
+        pass
+    execute(db, "DELETE FROM job_fence")
+    before = dump()
+    with pytest.raises(LabkitError, match="never be reset"):
+        with fence.guard(7):
+            pass
+    assert dump() == before
+
+
+def test_fences_of_different_jobs_are_independent(db):
+    """Raising one job's fence does not touch another's."""
+    one, two = Fence(db, "one"), Fence(db, "two")
+    with one.guard(9):
+        pass
+    with two.guard(1):
+        pass
+    assert (one.current(), two.current()) == (9, 1)
+
+
+def test_two_connections_b_waits_for_as_guard_then_a_is_fenced_out(db_path):
+    """A holds the write lock inside guard(7); B's guard(8) waits, then commits; A's next guard(7) fails."""
+    conn_a, conn_b = labkit.connect(db_path), labkit.connect(db_path, busy_timeout_ms=20000)
+    fence_a, fence_b = Fence(conn_a, "invoice-run"), Fence(conn_b, "invoice-run")
+    b_started, order = threading.Event(), []
+
+    def run_b():
+        b_started.set()
+        with fence_b.guard(8) as tx:
+            order.append("B in")
+            tx.execute(INSERT, ("invoice-run", "INV-1", 120, 8))
+
+    with fence_a.guard(7) as tx:
+        order.append("A in")
+        thread = threading.Thread(target=run_b)
+        thread.start()
+        b_started.wait()
+        thread.join(timeout=0.3)           # B cannot get in while A holds the lock
+        order.append("A commits")
+        assert thread.is_alive()
+    thread.join()
+    assert order == ["A in", "A commits", "B in"]
+    with pytest.raises(StaleGeneration):
+        with fence_a.guard(7) as tx:
+            tx.execute(INSERT, ("invoice-run", "INV-2", 100, 7))
+    assert invoices(conn_a) == [("invoice-run", "INV-1", 120, 8)]
+    conn_a.conn.close()
+    conn_b.conn.close()
+
+
+# --- Fence.protect: the resource enforces its own fence ----------------------------------
+
+def bare(db_path):
+    """A plain sqlite3 connection: a writer who never heard of labkit."""
+    return sqlite3.connect(db_path, isolation_level=None)
+
+
+def test_unprotected_table_lets_a_bypassing_writer_write_stale(db, db_path):
+    """Without protect(), a writer who skips the guard writes generation 7 after the fence reached 8."""
+    fence = Fence(db, "invoice-run")
+    with fence.guard(8) as tx:
+        tx.execute(INSERT, ("invoice-run", "INV-1", 120, 8))
+    bare(db_path).execute(INSERT, ("invoice-run", "INV-2", 100, 7))
+    assert invoices(db)[-1] == ("invoice-run", "INV-2", 100, 7)
+
+
+def test_protected_table_refuses_a_bypassing_writer_in_sqlite_itself(db, db_path, dump):
+    """After protect(), a plain sqlite3 INSERT with 7 fails inside SQLite and writes nothing."""
+    fence = Fence(db, "invoice-run")
+    fence.protect("invoices")
+    with fence.guard(8) as tx:
+        tx.execute(INSERT, ("invoice-run", "INV-1", 120, 8))
+    before = dump()
+    with pytest.raises(sqlite3.IntegrityError, match="labkit: stale generation"):
+        bare(db_path).execute(INSERT, ("invoice-run", "INV-2", 100, 7))
+    with pytest.raises(sqlite3.IntegrityError, match="labkit: stale generation"):
+        bare(db_path).execute("UPDATE invoices SET amount = 0, generation = 7")
+    assert dump() == before
+
+
+def test_a_protected_write_raises_the_fence_in_the_same_statement(db, db_path):
+    """A bare INSERT with 9 raises the fence to 9, so the guard with 8 is then refused."""
+    fence = Fence(db, "invoice-run")
+    fence.protect("invoices")
+    bare(db_path).execute(INSERT, ("invoice-run", "INV-1", 120, 9))
+    assert fence.current() == 9
+    with pytest.raises(StaleGeneration):
+        with fence.guard(8):
+            pass
+
+
+def test_labkit_calls_report_the_triggers_refusal_as_stale_generation(db, dump):
+    """labkit.db.execute turns the trigger's refusal into StaleGeneration, with offered/current/job when bound by name."""
+    fence = Fence(db, "invoice-run")
+    fence.protect("invoices")
+    execute(db, INSERT, ("invoice-run", "INV-1", 120, 8))
+    before = dump()
+    with pytest.raises(StaleGeneration) as named:
+        execute(db, "INSERT INTO invoices VALUES (:job_id, :invoice_id, :amount, :generation)",
+                {"job_id": "invoice-run", "invoice_id": "INV-2", "amount": 1, "generation": 7})
+    assert (named.value.offered, named.value.current, named.value.job) == (7, 8, "invoice-run")
+    with pytest.raises(StaleGeneration) as positional:
+        execute(db, INSERT, ("invoice-run", "INV-2", 1, 7))
+    assert (positional.value.offered, positional.value.current) == (None, None)
+    assert "stale generation" in str(positional.value)
+    assert dump() == before
+
+
+def test_a_stale_row_inside_a_guard_rolls_back_the_whole_guard(db, dump):
+    """guard(8) accepted, but a row carrying 7 into a protected table aborts the guard: nothing of it stays."""
+    fence = Fence(db, "invoice-run")
+    fence.protect("invoices")
+    with fence.guard(8):
+        pass
+    before = dump()
+    with pytest.raises(StaleGeneration):
+        with fence.guard(8) as tx:
+            tx.execute(INSERT, ("invoice-run", "INV-1", 1, 8))
+            tx.execute(INSERT, ("invoice-run", "INV-2", 1, 7))
+    assert dump() == before
+
+
+def test_a_multi_row_insert_with_one_stale_row_writes_no_row(db, db_path, dump):
+    """The whole statement is aborted, the good rows with it."""
+    Fence(db, "invoice-run").protect("invoices")
+    execute(db, INSERT, ("invoice-run", "INV-0", 1, 8))
+    before = dump()
+    with pytest.raises(StaleGeneration):
+        execute(db, "INSERT INTO invoices VALUES ('invoice-run', 'INV-1', 1, 9), ('invoice-run', 'INV-2', 1, 7)")
+    assert dump() == before
+
+
+def test_protected_rows_must_carry_an_integer_token_and_a_job(db, dump):
+    """NULL, text and real tokens, and a NULL job_id, are refused (labkit names the column)."""
+    execute(db, "CREATE TABLE notes (job_id TEXT, body TEXT, generation)")
+    Fence(db, "job").protect("notes")
+    before = dump()
+    for token in (None, "eight", 7.5):
+        with pytest.raises(labkit.BadArgumentType, match="generation"):
+            execute(db, "INSERT INTO notes VALUES ('job', 'x', ?)", (token,))
+    with pytest.raises(labkit.BadArgument, match="job_id"):
+        execute(db, "INSERT INTO notes VALUES (NULL, 'x', 3)")
+    assert dump() == before
+
+
+def test_protect_refuses_every_int_while_the_fence_has_an_epoch(db):
+    """With the fence at (1, 0), a row's int token n means (0, n) and is stale."""
+    fence = Fence(db, "job")
+    fence.protect("invoices")
+    with fence.guard((1, 0)):
+        pass
+    with pytest.raises(StaleGeneration):
+        execute(db, INSERT, ("job", "INV-1", 1, 10 ** 9))
+    assert invoices(db) == []
+
+
+def test_protect_is_idempotent_and_counts_existing_rows(db, dump):
+    """protect() raises each job's fence to its highest existing row, and a second call changes nothing."""
+    execute(db, INSERT, ("job", "INV-1", 1, 4))
+    execute(db, INSERT, ("other", "INV-1", 1, 6))
+    fence = Fence(db, "job")
+    fence.protect("invoices")
+    assert (fence.current(), Fence(db, "other").current()) == (4, 6)
+    before = dump()
+    fence.protect("invoices")
+    Fence(db, "other").protect("invoices")
+    assert dump() == before
+
+
+def test_protect_holds_for_new_connections_and_an_update_at_the_current_token(db, db_path):
+    """The triggers live in the file: a new connection is fenced too; an update carrying 8 at fence 8 passes."""
+    Fence(db, "job").protect("invoices")
+    execute(db, INSERT, ("job", "INV-1", 1, 8))
+    other = labkit.connect(db_path)
+    with pytest.raises(StaleGeneration):
+        execute(other, "UPDATE invoices SET amount = 2, generation = 7")
+    execute(other, "UPDATE invoices SET amount = 3, generation = 8")
+    assert invoices(db) == [("job", "INV-1", 3, 8)]
+    other.conn.close()
+
+
+@pytest.mark.parametrize("table, column, argument", [
+    ("no_such_table", "generation", "table"),
+    ("leases", "generation", "table"),           # labkit's own table
+    ("job_fence", "generation", "table"),
+    ("invoices", "no_such_column", "column"),
+    ("nojob", "generation", "table"),            # no job_id column
+    ("v_invoices", "generation", "table"),       # a view
+])
+def test_protect_refuses_unusable_tables_and_changes_nothing(db, dump, table, column, argument):
+    """protect() on a missing table, a view, labkit's tables, or one without job_id/column raises BadArgument."""
+    execute(db, "CREATE TABLE nojob (id TEXT, generation INTEGER)")
+    execute(db, "CREATE VIEW v_invoices AS SELECT * FROM invoices")
+    fence = Fence(db, "job")
+    before = dump()
+    with pytest.raises(labkit.BadArgument, match=argument):
+        fence.protect(table, column)
+    assert dump() == before
+
+
+def test_protect_quotes_sql_looking_table_and_column_names(db):
+    """A table and a column named like an injection are protected as names; invoices survives."""
+    table, column = "x'); DROP TABLE invoices;--", 'gen"; DROP TABLE leases;--'
+    execute(db, f'CREATE TABLE "{table}" (job_id TEXT, "{column.replace(chr(34), chr(34) * 2)}" INTEGER)')
+    fence = Fence(db, "job")
+    fence.protect(table, column)
+    execute(db, f'INSERT INTO "{table}" VALUES (?, ?)', ("job", 5))
+    with pytest.raises(StaleGeneration):
+        execute(db, f'INSERT INTO "{table}" VALUES (?, ?)', ("job", 4))
+    assert fence.current() == 5
+    names = {name for (name,) in execute(db, "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert {"invoices", "leases", table} <= names
