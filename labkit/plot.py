@@ -261,11 +261,8 @@ def _marks(ax, result, lanes: list[str], words: bool = True) -> list:
     made.append(ax.text(0.0, -(_IN["bottom"] - 0.12) / ax.figure.get_size_inches()[1] / ax.get_position().height,
                         f"{mode} · {knobs} · seed={result.params.get('seed', '?')}{extra}",
                         transform=ax.transAxes, fontsize="small", color="#555555", va="bottom"))
-    ax.title.set_text(textwrap.fill(result.verdict, 88))
-    ax.title.set_color(COLOURS["rejected"] if result.violations else "#222222")
-    ax.title.set_ha("left")
-    ax.title.set_x(0.0)
-    made.append(ax.title)
+    made.append(ax.set_title(textwrap.fill(result.verdict, 88), loc="left",
+                             color=COLOURS["rejected"] if result.violations else "#222222"))
     return made
 
 
@@ -344,7 +341,6 @@ class TimelineRenderer:
         self.figure.set_size_inches(*_size(len(lanes)))
         _margins(self.figure)
         self.ax.clear()
-        self.ax.set_title("")
         _frame(self.ax, lanes, xmax)
         self.canvas.draw()
         self._background = self.canvas.copy_from_bbox(self.figure.bbox)
@@ -361,8 +357,10 @@ class TimelineRenderer:
         for artist in made:
             artist.draw(renderer)
         for artist in made:
-            if artist is not self.ax.title:
+            try:
                 artist.remove()
+            except NotImplementedError:   # a title: it stays, emptied
+                artist.set_text("")
         width, height = self.canvas.get_width_height()
         image = Image.frombuffer("RGBA", (width, height), self.canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
         out = io.BytesIO()
@@ -387,11 +385,11 @@ def outcome_map(scenario, x, y, *, protected: bool = False, seed: int = 0, ax=No
         **fixed: other knobs, held fixed.
 
     Returns:
-        The matplotlib ``Figure``.
+        The matplotlib ``Axes``.
 
     Example:
         >>> from labkit.scenarios import expired_but_alive
-        >>> fig = outcome_map(expired_but_alive, ("pause", [5, 20]), ("ttl", [10, 30]))
+        >>> ax = outcome_map(expired_but_alive, ("pause", [5, 20]), ("ttl", [10, 30]))
     """
     (xname, xs), (yname, ys) = x, y
     xs, ys = list(xs), list(ys)
@@ -400,8 +398,9 @@ def outcome_map(scenario, x, y, *, protected: bool = False, seed: int = 0, ax=No
         kinds = scenario(protected=protected, seed=seed, **{**fixed, xname: xv, yname: yv}).kinds
         worst = next((k for k in _WORST if k in kinds), None)
         cells[j][i] = 0 if worst is None else _OUTCOMES.index(worst)
-    fig = ax.figure if ax is not None else Figure(figsize=(8, 5), layout="constrained")
-    ax = ax if ax is not None else fig.add_subplot()
+    if ax is None:
+        import matplotlib.pyplot as plt
+        ax = plt.figure(figsize=(9, 4.5), layout="constrained").add_subplot()
     cmap = mpl.colors.ListedColormap(_OUTCOME_COLOURS)
     ax.imshow(cells, cmap=cmap, vmin=-0.5, vmax=len(_OUTCOMES) - 0.5, origin="lower", aspect="auto")
     ax.set_xticks(range(len(xs)), [f"{v:g}" for v in xs])
@@ -413,7 +412,7 @@ def outcome_map(scenario, x, y, *, protected: bool = False, seed: int = 0, ax=No
                        for c in present], loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     name = getattr(scenario, "__name__", "scenario")
     ax.set_title(f"{name}, {'protected' if protected else 'unprotected'}: worst outcome per run", loc="left")
-    return fig
+    return ax
 
 
 _PRESENTER = {

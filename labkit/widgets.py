@@ -1,0 +1,250 @@
+"""Slider panels for notebooks: rerun a scenario on every change and redraw its timeline in place.
+
+:func:`explore` builds an ipywidgets panel: a slider per knob, a seed slider,
+a protected toggle, the verdict, the timeline and the resulting tables. Every
+change reruns the scenario (a few milliseconds: virtual time, real SQLite) and
+replaces the picture in place. The picture is an inline PNG inside a
+``widgets.Output`` whose ``outputs`` are swapped in one state update: no
+flicker, no stacked figures, and the layout does not move. The PNG comes from
+a :class:`~labkit.plot.TimelineRenderer`, which draws the frame once and only
+the run's marks on every change.
+
+:func:`replay` plays a scenario for an audience, paced in wall-clock time with
+``simpy.rt.RealtimeEnvironment``, the timeline growing as it runs.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+
+import ipywidgets as widgets
+from IPython.display import display
+
+from .errors import BadArgument, BadArgumentType
+from .history import check
+from .plot import COLOURS, TimelineRenderer, _end
+from .sim import Result, play
+
+__all__ = ["explore", "replay", "Explorer", "tables_html"]
+
+#: knobs that get a slider by default, when the scenario has them
+SLIDER_KNOBS = ("pause", "latency", "request_latency", "response_latency", "ttl", "margin", "gap",
+                "hold", "drift", "offset", "delay", "lag", "repeats", "contenders", "outage")
+
+
+def tables_html(tables: dict, only=("invoices", "job_fence", "leases", "idempotency_keys")) -> str:
+    """A small HTML rendering of a Result's tables (escaped), for the panel."""
+    parts = []
+    for name in only:
+        rows = tables.get(name)
+        if rows is None:
+            continue
+        head = "".join(f"<th>{html.escape(str(c))}</th>" for c in (rows[0] if rows else {}))
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>"
+                       for r in rows[:12])
+        more = f"<div>… {len(rows) - 12} more rows</div>" if len(rows) > 12 else ""
+        empty = "<i>empty</i>" if not rows else ""
+        parts.append(f"<div style='margin-right:1.5em'><b>{html.escape(name)}</b>{empty}"
+                     f"<table style='font-size:85%;border-collapse:collapse'><tr>{head}</tr>{body}</table>"
+                     f"{more}</div>")
+    return "<div style='display:flex;flex-wrap:wrap;align-items:flex-start'>" + "".join(parts) + "</div>"
+
+
+def _verdict_html(result: Result) -> str:
+    colour = COLOURS["rejected"] if result.violations else COLOURS["accepted"]
+    mark = "✗" if result.violations else "✓"
+    return (f"<div style='font-size:115%;color:{colour};min-height:2.6em'><b>{mark}</b> "
+            f"{html.escape(result.verdict)}</div>")
+
+
+def _png_output(png: bytes) -> tuple:
+    return ({"output_type": "display_data", "metadata": {},
+             "data": {"image/png": base64.b64encode(png).decode("ascii"), "text/plain": "timeline"}},)
+
+
+def _slider(name: str, spec, default):
+    """Make the control for one knob from its spec: (low, high[, step]), a list of choices, or a value."""
+    style = {"description_width": "9em"}
+    layout = widgets.Layout(width="28em")
+    if isinstance(spec, list):
+        return widgets.Dropdown(options=spec, value=default if default in spec else spec[0],
+                                description=name, style=style, layout=layout)
+    if not isinstance(spec, tuple) or len(spec) not in (2, 3):
+        raise BadArgument(name, f"must be (low, high), (low, high, step) or a list of choices, got {spec!r}")
+    low, high, *step = spec
+    value = min(max(default, low), high) if isinstance(default, (int, float)) else low
+    if isinstance(default, int) and not isinstance(default, bool) and all(isinstance(v, int) for v in (low, high)):
+        return widgets.IntSlider(value=value, min=low, max=high, step=step[0] if step else 1,
+                                 description=name, style=style, layout=layout)
+    return widgets.FloatSlider(value=value, min=low, max=high, step=step[0] if step else 0.5,
+                               description=name, style=style, layout=layout, readout_format=".1f")
+
+
+def _default_spec(default):
+    if isinstance(default, bool) or not isinstance(default, (int, float)):
+        return None
+    if isinstance(default, int):
+        return (max(0, min(1, default)), max(2 * default, 5), 1)
+    return (0.0, float(max(2 * default, 10.0)), 0.5)
+
+
+class Explorer(widgets.VBox):
+    """The slider panel :func:`explore` returns (a ``VBox``).
+
+    Attributes:
+        scenario: the scenario function.
+        controls: knob name -> its widget (plus ``"seed"`` and ``"protected"``).
+        result: the :class:`~labkit.sim.Result` of the latest run.
+        image: the ``widgets.Output`` holding the timeline PNG.
+    """
+
+    def __init__(self, scenario, controls: dict, fixed: dict) -> None:
+        self.scenario, self.controls, self.fixed = scenario, controls, fixed
+        self.renderer = TimelineRenderer()
+        self.result: Result | None = None
+        name = getattr(scenario, "__name__", "scenario")
+        summary = (scenario.__doc__ or "").strip().splitlines()[0] if scenario.__doc__ else ""
+        self.title = widgets.HTML(f"<b>{html.escape(name)}</b> — {html.escape(summary)}")
+        self.verdict = widgets.HTML()
+        self.image = widgets.Output(layout=widgets.Layout(min_height="320px"))
+        self.tables = widgets.HTML()
+        knobs = [w for k, w in controls.items() if k not in ("seed", "protected")]
+        side = widgets.VBox([controls["protected"], controls["seed"]])
+        super().__init__([self.title, widgets.HBox([widgets.VBox(knobs), side]),
+                          self.verdict, self.image, self.tables])
+        for control in controls.values():
+            control.observe(self._changed, names="value")
+        self.update()
+
+    def knobs(self) -> dict:
+        """The knob values the controls show now (and the fixed ones)."""
+        values = {k: w.value for k, w in self.controls.items() if k not in ("seed", "protected")}
+        return {**self.fixed, **values}
+
+    def _changed(self, _change) -> None:
+        self.update()
+
+    def update(self) -> Result | None:
+        """Rerun the scenario with the controls' values and redraw everything in place."""
+        try:
+            self.result = self.scenario(protected=self.controls["protected"].value,
+                                        seed=self.controls["seed"].value, **self.knobs())
+        except (BadArgument, BadArgumentType) as exc:
+            self.verdict.value = f"<div style='color:{COLOURS['rejected']}'>{html.escape(str(exc))}</div>"
+            return None
+        png = self.renderer.png(self.result)
+        self.image.layout.min_height = f"{self.renderer.canvas.get_width_height()[1]}px"
+        self.image.outputs = _png_output(png)
+        self.verdict.value = _verdict_html(self.result)
+        self.tables.value = tables_html(self.result.tables)
+        return self.result
+
+
+def explore(scenario, *, protected: bool = True, seed: int = 0, seeds: int = 20, **sliders) -> Explorer:
+    """An ipywidgets panel that reruns ``scenario`` and redraws its timeline on every change.
+
+    Args:
+        scenario: a scenario function from :mod:`labkit.scenarios`.
+        protected: the toggle's first position. seed: the seed slider's first value.
+        seeds: the seed slider goes from 0 to this.
+        **sliders: per knob, ``(low, high)`` or ``(low, high, step)`` for a slider, a list
+            for a dropdown, or a plain value to hold it fixed. Knobs not named get a
+            default slider if they are timings or counts (``pause``, ``ttl``, ``gap``...).
+
+    Returns:
+        An :class:`Explorer` (a ``VBox``); show it as a cell's last expression.
+        Sliders move with the mouse or the keyboard (arrow keys).
+
+    Raises:
+        BadArgument: a name that is not one of the scenario's knobs, or a bad spec.
+
+    Example:
+        >>> from labkit.scenarios import expired_but_alive
+        >>> panel = explore(expired_but_alive, pause=(0, 60, 1), ttl=(5, 30, 1))
+        >>> panel.controls["pause"].value = 5
+        >>> panel.result.violations
+        ()
+    """
+    knobs = getattr(scenario, "knobs", None)
+    if knobs is None:
+        raise BadArgumentType("scenario", "must be a scenario function (made with labkit.sim.scenario)")
+    if not isinstance(protected, bool):
+        raise BadArgumentType("protected", f"must be True or False, got {type(protected).__name__}")
+    for name in sliders:
+        if name not in knobs:
+            raise BadArgument(name, f"is not a knob of {scenario.__name__}; its knobs are {sorted(knobs)}")
+    controls, fixed = {}, {}
+    for name, default in knobs.items():
+        spec = sliders.get(name, _default_spec(default) if name in SLIDER_KNOBS else None)
+        if name in sliders and not isinstance(spec, (tuple, list)):
+            fixed[name] = spec
+        elif spec is None:
+            fixed[name] = default
+        else:
+            controls[name] = _slider(name, spec, default)
+    controls["seed"] = widgets.IntSlider(value=seed, min=0, max=max(seeds, seed), description="seed",
+                                         style={"description_width": "4em"})
+    controls["protected"] = widgets.ToggleButton(value=protected, description="protected",
+                                                 tooltip="use the mechanism the lesson teaches",
+                                                 icon="shield")
+    return Explorer(scenario, controls, fixed)
+
+
+def _live_factor(virtual: float, speed: float) -> float:
+    """Wall seconds per virtual second: ``1/speed``, capped by ``LABKIT_LIVE_SECONDS`` if set."""
+    factor = 1.0 / speed
+    cap = os.environ.get("LABKIT_LIVE_SECONDS")
+    if cap:
+        try:
+            seconds = float(cap)
+        except ValueError:
+            raise BadArgument("LABKIT_LIVE_SECONDS", f"must be a number of seconds, got {cap!r}") from None
+        if seconds > 0 and virtual * factor > seconds:
+            factor = seconds / virtual
+    return factor
+
+
+def replay(scenario, *, speed: float = 2.0, fps: float = 4.0, protected: bool = True, seed: int = 0,
+           **knobs) -> Result:
+    """Play ``scenario`` paced in wall-clock time, the timeline growing as it runs (for instructors).
+
+    The same workers run on a ``simpy.rt.RealtimeEnvironment``: ``speed`` virtual
+    seconds pass per wall second (``speed=1`` is real time). The panel is shown
+    at once and redrawn ``fps`` times a second. If the environment variable
+    ``LABKIT_LIVE_SECONDS`` is set, the whole replay is sped up to fit in that many
+    seconds (tests and the browser run use it).
+
+    Returns:
+        The final :class:`~labkit.sim.Result` (the same as an unpaced run's).
+
+    Example (in a notebook cell; about 17 s of wall time at ``speed=2``)::
+
+        from labkit.scenarios import expired_but_alive
+        replay(expired_but_alive, protected=False, speed=2)
+    """
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not speed > 0:
+        raise BadArgument("speed", f"must be a number > 0, got {speed!r}")
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not fps > 0:
+        raise BadArgument("fps", f"must be a number > 0, got {fps!r}")
+    preview = scenario(protected=protected, seed=seed, **knobs)   # validates knobs; gives the length
+    factor = _live_factor(max(_end(preview.history), 1.0), float(speed))
+    renderer = TimelineRenderer(xmax=_end(preview.history) * 1.03)
+    clock = widgets.HTML()
+    image = widgets.Output(layout=widgets.Layout(min_height="320px"))
+    verdict = widgets.HTML()
+    display(widgets.VBox([clock, image, verdict]))
+    params = {**scenario.knobs, **knobs, "protected": protected, "seed": seed}
+
+    def step(sim) -> None:
+        history = tuple(sim.history)
+        partial = Result(params, history, {}, tuple(check(history)), "")
+        image.outputs = _png_output(renderer.png(partial))
+        clock.value = f"<b>live</b> t = {sim.env.now:5.1f} s (virtual), ×{1 / factor:.1f}"
+
+    result = play(scenario, protected=protected, seed=seed, factor=factor,
+                  every=max(1.0 / (fps * factor), 0.05), step=step, **knobs)
+    image.outputs = _png_output(renderer.png(result))
+    verdict.value = _verdict_html(result)
+    return result
