@@ -17,6 +17,7 @@ from .db import connect
 from .errors import (BadArgument, BadArgumentType, Busy, KeyReused, LabkitError,
                      LeaseHeld, LeaseLost, StaleGeneration)
 from .fence import Fence, Tx
+from .history import Event, Violation, check
 from .idempotency import run_once
 from .lease import Lease, LeaseAuthority
 from .effects import EmailProvider, ETagStore, FencedFileStore, Outbox, PaymentProvider
@@ -32,4 +33,15 @@ __all__ = [
     "conservative_deadline", "LeaseKeeper", "backoff", "VersionLease", "EpochIssuer",
     "EpochAuthority", "Claims", "FencedFileStore", "EmailProvider", "PaymentProvider", "Outbox",
     "ETagStore",
+    "check", "Event", "Violation", "present",
 ]
+
+
+def present(on: bool = True):
+    """Presenter mode for projecting: larger fonts, thicker lines (see :class:`labkit.plot.present`).
+
+    ``present()`` switches it on, ``present(False)`` back off; ``with present(): ...``
+    restores the previous settings afterwards. Nothing changes until it is called.
+    """
+    from .plot import present as _present
+    return _present(on)
