@@ -40,7 +40,7 @@ import weakref
 from collections import Counter
 from dataclasses import asdict
 
-from .clock import RealClock
+from .clock import RealClock, check_seconds
 from .db import connect, execute, transaction
 from .errors import BadArgument, BadArgumentType, Busy
 from .history import Event, check
@@ -101,6 +101,7 @@ class Team:
             raise BadArgumentType("workers", f"must be an int, got {type(workers).__name__}")
         if not 1 <= workers <= 26:
             raise BadArgument("workers", f"must be 1 to 26, got {workers}")
+        ttl = check_seconds(ttl, "ttl", allow_zero=False)
         self.run_dir = tempfile.mkdtemp(prefix="labkit-run-", dir=root)
         for folder in ("journal", "logs"):
             os.makedirs(os.path.join(self.run_dir, folder))
