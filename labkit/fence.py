@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import sqlite_utils
 
-from .db import check_int, check_name, execute, in_transaction, quote, transaction
+from .db import check_db, check_int, check_name, execute, in_transaction, quote, transaction
 from .errors import BadArgument, BadArgumentType, LabkitError, StaleGeneration
 
 __all__ = ["Fence", "Tx", "token"]
@@ -78,6 +78,11 @@ class Tx:
 
     conn: Any
     token: tuple[int, int]
+
+    def __post_init__(self) -> None:
+        check_db(self.conn, "conn")
+        if not isinstance(self.token, tuple) or len(self.token) != 2:
+            raise BadArgumentType("token", f"must be an (epoch, counter) tuple, got {self.token!r}")
 
     def execute(self, sql: str, params: Any = ()) -> list[tuple]:
         """Run one statement in this transaction with bound ``params``; return all rows.
