@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from .db import execute
 from .errors import BadArgument
 from .history import check
-from .live import Team, draw
+from .live import Team, draw, png
 from .procs import IN_TX, WORKING
 
 __all__ = ["Action", "schedule", "Report", "run", "main"]
@@ -311,14 +311,11 @@ def _progress(team: Team, report: Report, now: float, seconds: float, stream) ->
 
 
 def _timeline(team: Team, history, report: Report) -> str:
-    from matplotlib.figure import Figure
-    figure = Figure(figsize=(14, 1.5 + 0.6 * report.workers))
-    mode = "protected" if report.protected else "unprotected"
-    kinds = ", ".join(f"{k} {n}" for k, n in sorted(report.violations.items())) or "no violations"
-    draw(history, figure.subplots(), now=report.seconds,
-         title=f"chaos, {report.workers} workers, seed {report.seed}, {mode}: {kinds}")
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(report.violations.items())) or "no violation"
+    params = {"protected": report.protected, "workers": report.workers, "ttl": team.options["ttl"],
+              "seed": report.seed}
     path = os.path.join(team.run_dir, "timeline.png")
-    figure.savefig(path, dpi=90, bbox_inches="tight")
+    png(draw(history, now=report.seconds, title=f"chaos run: {kinds}", params=params), path=path)
     return path
 
 

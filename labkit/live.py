@@ -38,7 +38,7 @@ import time
 import uuid
 import weakref
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 
 from .clock import RealClock, check_seconds
 from .db import connect, execute, transaction
@@ -47,7 +47,7 @@ from .history import Event, check
 from .lease import LeaseAuthority
 from .procs import IDLE, IN_TX, JOB, WORKING, Board, Journal, WorkerSpec, prepare, read_journals
 
-__all__ = ["Team", "Demo", "run_demo", "draw", "proc_state"]
+__all__ = ["Team", "Demo", "run_demo", "draw", "png", "proc_state"]
 
 _TEAMS: "weakref.WeakSet[Team]" = weakref.WeakSet()
 
@@ -388,8 +388,8 @@ class Demo(Team):
 
     def draw(self, ax=None):
         """Draw the timeline so far (see :func:`draw`); return the axes."""
-        mode = "protected" if self.protected else "unprotected"
-        return draw(self.history(), ax, now=self.now(), title=self.story.get("caption", mode))
+        params = {"protected": self.protected, "ttl": self.options["ttl"], "seed": self.seed}
+        return draw(self.history(), ax, now=self.now(), title=self.story.get("caption"), params=params)
 
     def watch(self, seconds: float, every: float = 0.3, show: bool = True) -> None:
         """Redraw the timeline every ``every`` seconds for ``seconds`` (in a notebook)."""
@@ -398,6 +398,18 @@ class Demo(Team):
             screen.update(self)
             time.sleep(every)
         screen.update(self)
+
+
+def png(ax, dpi: int = 90, path: str | None = None) -> bytes:
+    """Render the figure of ``ax`` to PNG bytes (and to ``path`` if given), then close it."""
+    import matplotlib.pyplot as plt
+    buffer = io.BytesIO()
+    ax.figure.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+    plt.close(ax.figure)
+    if path is not None:
+        with open(path, "wb") as f:
+            f.write(buffer.getvalue())
+    return buffer.getvalue()
 
 
 class _Screen:
@@ -413,12 +425,7 @@ class _Screen:
         if not self.show:
             return
         from IPython.display import Image, display
-        from matplotlib.figure import Figure
-        figure = Figure(figsize=(9, 1.2 + 0.7 * len(demo.names)))
-        demo.draw(figure.subplots())
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=80, bbox_inches="tight")
-        image = Image(data=buffer.getvalue())
+        image = Image(data=png(demo.draw(), dpi=80))
         if self.handle is None:
             self.handle = display(image, display_id=True)
         else:
@@ -502,76 +509,47 @@ def run_demo(seconds: float | None = None, *, protected: bool = True, ttl: float
     return demo
 
 
-def draw(history, ax=None, *, now: float | None = None, title: str | None = None):
-    """Draw a run as one lane per worker: leases, freezes, writes, crashes and violations.
+@dataclass(frozen=True)
+class _Run:
+    """What :func:`labkit.plot.timeline` draws: a history, its violations, a verdict, the knobs."""
 
-    Leases are blue bars labelled with their generation (to the authority's
-    expiry, or the release); freezes are hatched; committed writes are green
-    dots, rejected ones red crosses, duplicates stopped by a key orange
-    diamonds, kills black crosses (filled when inside a transaction); every
-    event :func:`labkit.history.check` flags gets a red ring.
+    history: list
+    violations: list
+    verdict: str
+    params: dict
+
+
+def draw(history, ax=None, *, now: float | None = None, title: str | None = None,
+         params: dict | None = None):
+    """Draw a run of real processes with :func:`labkit.plot.timeline`; return the axes.
+
+    The history is adapted first: a freeze is drawn from its ``pause`` to the
+    worker's ``resume`` or ``crash`` (or ``now`` while it lasts), and a write or
+    lease call refused with "database is locked" is drawn as waiting for the lock.
 
     Args:
-        history: events. ax: matplotlib axes (default: a new figure's).
-        now: the right edge (default: the last event). title: the axes' title.
-
-    Returns:
-        The axes.
+        history: events (e.g. ``team.history()``). ax: axes to draw into (default: a new figure).
+        now: the time of the drawing, for freezes still going on.
+        title: the title (default: the violations found, or "no violation").
+        params: knobs for the caption, e.g. ``{"protected": True, "ttl": 2.0}``.
     """
-    if ax is None:
-        from matplotlib.figure import Figure
-        ax = Figure(figsize=(9, 3)).subplots()
-    events = sorted(history, key=lambda e: e.time)
-    workers = sorted({e.worker for e in events if e.worker})
-    lane = {w: i for i, w in enumerate(workers)}
-    end = now if now is not None else max([e.time for e in events] + [1.0])
-    leases, pauses, open_lease, open_pause = [], [], {}, {}
-    for e in events:
-        if e.action == "acquire" and e.outcome == "ok":
-            if e.worker in open_lease:
-                leases.append(open_lease.pop(e.worker))
-            open_lease[e.worker] = [e.worker, e.time, e.until, e.generation]
-        elif e.action == "renew" and e.outcome == "ok" and e.worker in open_lease:
-            open_lease[e.worker][2] = e.until
-        elif e.action == "release" and e.outcome == "ok" and e.worker in open_lease:
-            span = open_lease.pop(e.worker)
-            leases.append([span[0], span[1], min(span[2], e.time), span[3]])
-        elif e.action == "pause":
-            open_pause[e.worker] = e.time
-        elif e.action in ("resume", "crash") and e.worker in open_pause:
-            pauses.append((e.worker, open_pause.pop(e.worker), e.time))
-    leases += open_lease.values()
-    pauses += [(w, t, end) for w, t in open_pause.items()]
-    for worker, start, until, generation in leases:
-        until = min(until if until is not None else end, end)
-        ax.broken_barh([(start, until - start)], (lane[worker] - 0.25, 0.5), color="#9ecae1")
-        if len(leases) <= 40:
-            ax.text(start, lane[worker] + 0.3, f"g{generation}", fontsize=8, color="#08519c")
-    for worker, start, stop in pauses:
-        ax.broken_barh([(start, stop - start)], (lane[worker] - 0.35, 0.7), facecolor="none",
-                       edgecolor="#555555", hatch="///")
-    styles = {("write", "ok"): ("o", "#2ca02c", "write committed"),
-              ("write", "rejected"): ("x", "#d62728", "write rejected"),
-              ("write", "duplicate"): ("D", "#ff7f0e", "duplicate stopped"),
-              ("crash", "in_tx"): ("X", "black", "killed in transaction"),
-              ("crash", "outside_tx"): ("x", "black", "killed")}
-    for (action, outcome), (marker, color, label) in styles.items():
-        points = [(e.time, lane[e.worker]) for e in events
-                  if (e.action, e.outcome) == (action, outcome) and e.worker]
-        if points:
-            ax.scatter(*zip(*points), marker=marker, color=color, s=40, label=label, zorder=3)
-    flagged = [(v.event.time, lane[v.event.worker]) for v in check(events) if v.event.worker in lane]
-    if flagged:
-        ax.scatter(*zip(*flagged), s=220, facecolors="none", edgecolors="#d62728", linewidths=2,
-                   label="violation", zorder=4)
-    ax.set_yticks(range(len(workers)), workers)
-    ax.set_ylim(-0.7, max(len(workers) - 0.3, 0.7))
-    ax.set_xlim(0, max(end, 1e-3))
-    ax.set_xlabel("seconds")
-    if title:
-        ax.set_title(title)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    from .plot import timeline
+    events = sorted((e for e in history if e.worker), key=lambda e: e.time)
+    end = now if now is not None else max([e.time for e in events] + [0.0])
+    drawn = []
+    for i, e in enumerate(events):
+        if e.action == "pause":
+            thawed = next((f.time for f in events[i + 1:] if f.worker == e.worker
+                           and f.action in ("resume", "crash")), end)
+            e = replace(e, until=thawed)
+        elif e.outcome == "busy":
+            e = replace(e, action="wait")
+        drawn.append(e)
+    violations = check(history)
+    kinds = Counter(v.kind for v in violations)
+    verdict = title or ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) or "no violation"
+    ax = timeline(_Run(drawn, violations, verdict, dict(params or {})), ax)
+    ax.set_xlabel("seconds (real time)")
     return ax
 
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from labkit.live import Demo, proc_state, run_demo
+from labkit.live import Demo, png, proc_state, run_demo
 from labkit.procs import WORKING
 
 WAIT = 15.0   # a bound against hanging, never an assertion about speed
@@ -82,6 +82,9 @@ def test_a_frozen_worker_is_stopped_its_successor_commits_and_its_stale_write_bo
         pids = [p.pid for p in demo.procs.values()]
     assert stale.outcome == "rejected"
     assert demo.check() == [] and demo.ledger() == []
+    ax = demo.draw()
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["A", "B", "fence"]
+    assert png(ax).startswith(b"\x89PNG")
     assert all(gone(pid) for pid in pids) and worker_children() == []
 
 
