@@ -367,7 +367,12 @@ class Demo(Team):
         self.story: dict = {}
 
     def pause(self, worker: str, seconds: float) -> int | None:
-        """Freeze ``worker`` now (SIGSTOP) and thaw it (SIGCONT) after ``seconds``; return its phase."""
+        """Freeze ``worker`` now (SIGSTOP) and thaw it (SIGCONT) after ``seconds``; return its phase.
+
+        Raises:
+            BadArgument: for an unknown worker or a negative, NaN or infinite ``seconds``.
+        """
+        seconds = check_seconds(seconds, "seconds")
         phase = self.freeze(worker)
         if phase is not None:
             timer = threading.Timer(seconds, self.thaw, (worker,))
