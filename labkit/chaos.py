@@ -63,7 +63,7 @@ from .history import check
 from .live import Team, draw, png
 from .procs import IN_TX, WORKING
 
-__all__ = ["Action", "schedule", "Report", "run", "main"]
+__all__ = ["Action", "schedule", "fingerprint", "Report", "run", "main"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -229,12 +229,15 @@ class Worker:
                                   outcome, generation, key, target, until))
 
     def phase(self, phase: int) -> None:
+        """Show this worker's phase on the board."""
         self.board.set_phase(self.spec.slot, phase)
 
     def done(self) -> bool:
+        """True once the worker's time (``spec.seconds``) is up."""
         return self.spec.seconds is not None and self.now() >= self.spec.seconds
 
     def sleep(self, bounds) -> None:
+        """Sleep a uniform draw from ``bounds`` (min, max) seconds, from this worker's RNG."""
         time.sleep(self.rng.uniform(*bounds))
 
     def retry(self, action, call, generation=None, key=None, target=JOB):
