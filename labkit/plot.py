@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import textwrap
+from dataclasses import dataclass
 
 import matplotlib as mpl
 from matplotlib.collections import PolyCollection
@@ -21,7 +22,7 @@ from matplotlib.patches import Patch
 
 from .history import EFFECTS, VIOLATION_KINDS
 
-__all__ = ["timeline", "outcome_map", "present", "TimelineRenderer", "COLOURS"]
+__all__ = ["timeline", "outcome_map", "present", "scene", "Scene", "COLOURS"]
 
 #: Okabe-Ito colours, by meaning
 COLOURS = {
@@ -37,15 +38,15 @@ _QUIET = {"read", "acquire", "renew", "release", "wait", "pause", "resume", "cra
 _IN = {"left": 0.75, "right": 0.3, "top": 0.75, "bottom": 1.45, "lane": 0.62, "width": 11.0}
 
 
-def _size(lanes: int) -> tuple[float, float]:
-    return _IN["width"], _IN["top"] + _IN["bottom"] + _IN["lane"] * (lanes + 1) + 0.3
+def _size(lanes: int, top: float = _IN["top"]) -> tuple[float, float]:
+    return _IN["width"], top + _IN["bottom"] + _IN["lane"] * (lanes + 1) + 0.3
 
 
-def _margins(fig) -> None:
+def _margins(fig, top: float = _IN["top"]) -> None:
     """Fixed margins in inches, so the axes never move between runs."""
     w, h = fig.get_size_inches()
     fig.subplots_adjust(left=_IN["left"] / w, right=1 - _IN["right"] / w,
-                        top=1 - _IN["top"] / h, bottom=_IN["bottom"] / h)
+                        top=1 - top / h, bottom=_IN["bottom"] / h)
 
 
 def _lanes(history) -> list[str]:
@@ -152,24 +153,38 @@ def _frame(ax, lanes: list[str], xmax: float, legend: bool = True) -> None:
         _legend(ax)
 
 
-def _boxes(ax, spans, **style):
-    """One PolyCollection of rectangles ``(x0, x1, y, half_height)``: one artist for all lanes."""
-    verts = [[(a, y - h), (a, y + h), (b, y + h), (b, y - h)] for a, b, y, h in spans]
-    return ax.add_collection(PolyCollection(verts, **style), autolim=False)
+@dataclass
+class Scene:
+    """What one run's timeline shows, as plain coordinates (lanes at y = 0, 1, ...; fence below).
+
+    Attributes:
+        spans: ``"lease"``/``"pause"``/``"wait"`` -> rectangles ``(x0, x1, y, half_height)``.
+        ticks: the authority's expiries, ``(x, y)``.
+        points: marker style (see :data:`STYLES`) -> ``(xs, ys)``.
+        labels: ``(text, x, y, dy_points, kind)``; kind is ``"target"``, ``"pause"``,
+            ``"other"``, ``"fence"`` or ``"note"``.
+        fence: the fence token's step line ``(xs, ys)``, or None.
+        title, colour, caption: the verdict, its colour, and the knobs line.
+    """
+
+    spans: dict
+    ticks: list
+    points: dict
+    labels: list
+    fence: tuple | None
+    title: str
+    colour: str
+    caption: str
 
 
-def _marks(ax, result, lanes: list[str], words: bool = True) -> list:
-    """Draw one run's lanes, markers, fence line and (with ``words``) verdict and knobs; return the artists."""
+def scene(result, lanes: list[str], xmax: float) -> Scene:
+    """Turn a Result into a :class:`Scene` for lanes ``lanes`` on a time axis up to ``xmax``."""
     history = list(result.history)
-    made = []
-    size = mpl.rcParams["lines.markersize"]
+    near = xmax * 0.045
     flagged = [v.event for v in result.violations]
-    end = _end(history)
     effects = [e for e in history if e.action in EFFECTS]
-    xmin, xmax = ax.get_xlim()
-    near = (xmax - xmin) * 0.045
     spans = {"lease": [], "pause": [], "wait": []}
-    ticks, points = [], {}      # expiry ticks; marker style -> (xs, ys)
+    ticks, points, labels = [], {}, []
 
     def mark(style, x, y):
         xs, ys = points.setdefault(style, ([], []))
@@ -182,11 +197,9 @@ def _marks(ax, result, lanes: list[str], words: bool = True) -> list:
         spans["pause"] += [(a, b, y, 0.2) for a, b, _ in pauses]
         spans["wait"] += [(a, b, y, 0.14) for a, b in waits]
         ticks += [(x, y) for x in expiries]
-        for a, b, point in pauses:
-            if point and (b - a) > near * 2.5:
-                made.append(ax.text(a + near * 0.2, y, f"paused at {point}", va="center",
-                                    fontsize="x-small", color="#333333", clip_on=True,
-                                    bbox=dict(facecolor="white", edgecolor="none", pad=1.0)))
+        labels += [(f"paused at {point}", a + near * 0.2, y, 0, "pause")
+                   for a, b, point in pauses if point and b - a > near * 2.5]
+        others = 0
         for e in mine:
             if e.action == "read" and e.outcome == "ok":
                 mark("read", e.time, y - 0.42)
@@ -196,30 +209,51 @@ def _marks(ax, result, lanes: list[str], words: bool = True) -> list:
                 mark("crash", e.time, y)
             elif e.action == "response" and e.outcome == "lost":
                 mark("lost", e.time, y)
-            elif e.action not in _QUIET and e.action not in EFFECTS and len(made) < 40:
+            elif e.action not in _QUIET and e.action not in EFFECTS:
                 mark("other", e.time, y)
-                made.append(ax.annotate(e.action, (e.time, y), xytext=(2, -size * 0.9), textcoords="offset points",
-                                        fontsize="x-small", color="#333333", va="top"))
+                others += 1
+                if others <= 6:
+                    labels.append((e.action, e.time, y, -1.0, "other"))
         writes = [(i, e) for i, e in enumerate(effects) if e.worker == worker]
-        last_label, flip = None, False
+        last, flip = None, False
         for i, e in writes:
             mark(_write_kind(e, effects[i + 1:]), e.time, y)
             if len(writes) <= 12 and e.target:
-                flip = (not flip) if last_label is not None and e.time - last_label < near else False
-                last_label = e.time
-                made.append(ax.annotate(str(e.target), (e.time, y), xytext=(0, -size * 1.1 if flip else size * 1.1),
-                                        textcoords="offset points", ha="center",
-                                        va="top" if flip else "bottom", fontsize="x-small"))
+                flip = (not flip) if last is not None and e.time - last < near else False
+                last = e.time
+                labels.append((str(e.target), e.time, y, -1.1 if flip else 1.1, "target"))
         for e in flagged:
             if e.worker == worker:
                 mark("violation", e.time, y)
-    made.append(_boxes(ax, spans["lease"], facecolor=COLOURS["lease"], alpha=0.45, linewidth=0))
-    made.append(_boxes(ax, spans["pause"], facecolor="white", edgecolor="#444444", hatch="///"))
-    made.append(_boxes(ax, spans["wait"], facecolor=COLOURS["wait"], edgecolor="#444444", hatch=".."))
-    if ticks:
-        made.append(ax.vlines([x for x, _ in ticks], [y - 0.42 for _, y in ticks], [y + 0.42 for _, y in ticks],
-                              color=COLOURS["expiry"], lw=2.5))
-    styles = {
+    fy = len(lanes)
+    raises = [e for e in history if e.action == "raise" and e.outcome == "ok" and e.generation is not None]
+    fence = None
+    if raises:
+        rank = _token_rank(e.generation for e in raises)
+        top = max(len(rank) - 1, 1)
+        ys = [fy + 0.35 - 0.7 * rank[e.generation] / top for e in raises]
+        fence = ([e.time for e in raises] + [max(_end(history), xmax)], ys + ys[-1:])
+        shown = None
+        for e, yy in zip(raises, ys):
+            if e.generation != shown:
+                labels.append((str(e.generation), e.time, yy, 0.4, "fence"))
+                shown = e.generation
+    else:
+        labels.append(("no fenced write: the fence was never raised", 0.0, fy, 0, "note"))
+    knobs = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                      for k, v in result.params.items() if k not in ("protected", "seed"))
+    mode = {True: "protected", False: "unprotected"}.get(result.params.get("protected"), "")
+    hidden = len(dict.fromkeys(e.worker for e in history)) - len(lanes)
+    extra = f" · {hidden} more workers not shown" if hidden > 0 else ""
+    caption = f"{mode} · {knobs} · seed={result.params.get('seed', '?')}{extra}"
+    colour = COLOURS["rejected"] if result.violations else "#222222"
+    return Scene(spans, ticks, points, labels, fence, result.verdict, colour, caption)
+
+
+def styles() -> dict:
+    """Marker styles by name, sized from the current ``lines.markersize`` (so presenter mode applies)."""
+    size = mpl.rcParams["lines.markersize"]
+    return {
         "read": dict(marker="v", color=COLOURS["read"], ms=size * 0.8),
         "held": dict(marker=".", color="#aaaaaa", ms=size * 0.8),
         "crash": dict(marker="*", color=COLOURS["crash"], ms=size * 1.5),
@@ -230,40 +264,52 @@ def _marks(ax, result, lanes: list[str], words: bool = True) -> list:
            for k in _MARKERS},
         "violation": dict(marker="o", mfc="none", mec=COLOURS["violation"], mew=2, ms=size * 2.2, zorder=6),
     }
-    for style, (xs, ys) in points.items():
-        made += ax.plot(xs, ys, ls="", **styles[style])
-    fy = len(lanes)
-    raises = [e for e in history if e.action == "raise" and e.outcome == "ok" and e.generation is not None]
-    if raises:
-        rank = _token_rank(e.generation for e in raises)
-        top = max(len(rank) - 1, 1)
-        xs = [e.time for e in raises] + [max(end, xmax)]
-        ys = [fy + 0.35 - 0.7 * rank[e.generation] / top for e in raises]
-        made += ax.step(xs, ys + ys[-1:], where="post", color=COLOURS["fence"],
-                        lw=mpl.rcParams["lines.linewidth"] * 1.5)
-        shown = None
-        for e, yy in zip(raises, ys):
-            if e.generation != shown:
-                made.append(ax.annotate(str(e.generation), (e.time, yy), xytext=(3, 2),
-                                        textcoords="offset points", color=COLOURS["fence"],
-                                        fontsize="small", fontweight="bold"))
-                shown = e.generation
-    else:
-        made.append(ax.text(0, fy, "  no fenced write: the fence was never raised", va="center",
-                            color="#555555", fontsize="small"))
-    if not words:
-        return made
-    knobs = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
-                      for k, v in result.params.items() if k not in ("protected", "seed"))
-    mode = {True: "protected", False: "unprotected"}.get(result.params.get("protected"), "")
-    hidden = len(dict.fromkeys(e.worker for e in history)) - len(lanes)
-    extra = f" · {hidden} more workers not shown" if hidden > 0 else ""
-    made.append(ax.text(0.0, -(_IN["bottom"] - 0.12) / ax.figure.get_size_inches()[1] / ax.get_position().height,
-                        f"{mode} · {knobs} · seed={result.params.get('seed', '?')}{extra}",
-                        transform=ax.transAxes, fontsize="small", color="#555555", va="bottom"))
-    made.append(ax.set_title(textwrap.fill(result.verdict, 88), loc="left",
-                             color=COLOURS["rejected"] if result.violations else "#222222"))
-    return made
+
+
+SPAN_STYLES = {
+    "lease": dict(facecolor=COLOURS["lease"], alpha=0.45, linewidth=0),
+    "pause": dict(facecolor="white", edgecolor="#444444", hatch="///"),
+    "wait": dict(facecolor=COLOURS["wait"], edgecolor="#444444", hatch=".."),
+}
+LABEL_STYLES = {
+    "target": dict(fontsize="x-small", ha="center"),
+    "pause": dict(fontsize="x-small", color="#333333", va="center"),
+    "other": dict(fontsize="x-small", color="#333333", va="top"),
+    "fence": dict(fontsize="small", color=COLOURS["fence"], fontweight="bold"),
+    "note": dict(fontsize="small", color="#555555", va="center"),
+}
+
+
+def boxes(spans) -> list:
+    """Rectangles ``(x0, x1, y, half_height)`` as PolyCollection vertices."""
+    return [[(a, y - h), (a, y + h), (b, y + h), (b, y - h)] for a, b, y, h in spans]
+
+
+def _paint(ax, sc: Scene) -> None:
+    """Draw a Scene with ordinary matplotlib artists (for :func:`timeline`)."""
+    size = mpl.rcParams["lines.markersize"]
+    for kind, spans in sc.spans.items():
+        ax.add_collection(PolyCollection(boxes(spans), **SPAN_STYLES[kind]), autolim=False)
+    if sc.ticks:
+        ax.vlines([x for x, _ in sc.ticks], [y - 0.42 for _, y in sc.ticks], [y + 0.42 for _, y in sc.ticks],
+                  color=COLOURS["expiry"], lw=2.5)
+    marker_styles = styles()
+    for style, (xs, ys) in sc.points.items():
+        ax.plot(xs, ys, ls="", **marker_styles[style])
+    if sc.fence:
+        ax.step(*sc.fence, where="post", color=COLOURS["fence"], lw=mpl.rcParams["lines.linewidth"] * 1.5)
+    for text, x, y, dy, kind in sc.labels:
+        style = dict(LABEL_STYLES[kind])
+        if kind == "pause":
+            style["bbox"] = dict(facecolor="white", edgecolor="none", pad=1.0)
+        if kind == "target":
+            style["va"] = "bottom" if dy > 0 else "top"
+        ax.annotate(text, (x, y), xytext=(2 if kind in ("other", "fence") else 0, dy * size),
+                    textcoords="offset points", **style)
+    h = ax.figure.get_size_inches()[1] * ax.get_position().height
+    ax.text(0.0, -(_IN["bottom"] - 0.12) / h, sc.caption, transform=ax.transAxes, fontsize="small",
+            color="#555555", va="bottom")
+    ax.set_title(textwrap.fill(sc.title, 88), loc="left", color=sc.colour)
 
 
 def timeline(result, ax=None):
@@ -297,75 +343,10 @@ def timeline(result, ax=None):
         fig = plt.figure(figsize=_size(len(lanes)))
         _margins(fig)
         ax = fig.add_subplot()
-    _frame(ax, lanes, _end(result.history) * 1.04)
-    _marks(ax, result, lanes)
+    xmax = _end(result.history) * 1.04
+    _frame(ax, lanes, xmax)
+    _paint(ax, scene(result, lanes, xmax))
     return ax
-
-
-_STEPS = (10, 15, 20, 30, 40, 50, 60, 80, 100, 120, 150, 200, 300, 400, 600, 1000)
-
-
-class TimelineRenderer:
-    """Draw many runs fast as PNG bytes (the slider panel): the frame is drawn once and reused.
-
-    The lanes, ticks and legend are rendered once per (lanes, time range); each
-    run then only draws its own marks over a copy of that background (blitting).
-    Text is what costs most to draw, so by default (``words=False``) the verdict
-    and the knobs are left out of the image: the panel shows them as HTML.
-    The time range only grows, in round steps, so the picture does not jump
-    while a slider moves.
-
-    Example:
-        >>> from labkit.scenarios import expired_but_alive
-        >>> png = TimelineRenderer().png(expired_but_alive())
-        >>> png[:4]
-        b'\\x89PNG'
-    """
-
-    def __init__(self, dpi: int = 80, xmax: float = 0.0, words: bool = False) -> None:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        self.dpi, self.xmax, self.words = dpi, xmax, words
-        self.figure = Figure(dpi=dpi)
-        self.canvas = FigureCanvasAgg(self.figure)
-        self.ax = self.figure.add_subplot()
-        self._key = None
-        self._background = None
-
-    def _prepare(self, lanes: list[str], end: float) -> None:
-        xmax = max(self.xmax, next((s for s in _STEPS if s >= end * 1.03), end * 1.1))
-        key = (tuple(lanes), xmax, tuple(sorted(mpl.rcParams[k] for k in ("font.size", "lines.linewidth"))))
-        if key == self._key:
-            self.canvas.restore_region(self._background)
-            return
-        self.xmax = xmax
-        self.figure.set_size_inches(*_size(len(lanes)))
-        _margins(self.figure)
-        self.ax.clear()
-        _frame(self.ax, lanes, xmax)
-        self.canvas.draw()
-        self._background = self.canvas.copy_from_bbox(self.figure.bbox)
-        self._key = key
-
-    def png(self, result) -> bytes:
-        """Render ``result``'s timeline and return it as PNG bytes."""
-        import io
-        from PIL import Image
-        lanes = _lanes(result.history)
-        self._prepare(lanes, _end(result.history))
-        made = _marks(self.ax, result, lanes, self.words)
-        renderer = self.canvas.get_renderer()
-        for artist in made:
-            artist.draw(renderer)
-        for artist in made:
-            try:
-                artist.remove()
-            except NotImplementedError:   # a title: it stays, emptied
-                artist.set_text("")
-        width, height = self.canvas.get_width_height()
-        image = Image.frombuffer("RGBA", (width, height), self.canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
-        out = io.BytesIO()
-        image.convert("RGB").save(out, format="PNG", compress_level=1)
-        return out.getvalue()
 
 
 _OUTCOMES = ("no violation",) + VIOLATION_KINDS

@@ -53,6 +53,7 @@ verdict itself. Every registered scenario is in :data:`SCENARIOS`.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import inspect
@@ -70,6 +71,7 @@ import simpy.rt
 
 from .db import check_name, connect, execute, quote, transaction
 from .errors import BadArgument, BadArgumentType, Busy, LabkitError, LeaseLost, StaleGeneration
+from .clock import VirtualClock
 from .fence import Fence, Tx
 from .history import Event, Violation, check
 from .idempotency import run_once
@@ -480,6 +482,30 @@ class Worker:
         return True
 
 
+_TEMPLATES: dict[int, Path] = {}
+
+
+def _template(earlier_holders: int) -> Path:
+    """A folder with the starting files, made once per process and copied by every Sim.
+
+    ``authority.db`` has issued ``earlier_holders`` generations of the lease (each
+    acquired and released at t=0); ``resource.db`` has the job's fence row at 0.
+    Copying two closed files is much cheaper than building them for every run.
+    """
+    if earlier_holders not in _TEMPLATES:
+        folder = Path(tempfile.mkdtemp(prefix="labkit-sim-template-", dir=_scratch()))
+        atexit.register(shutil.rmtree, folder, True)
+        authority_db, resource_db = _connect(str(folder / "authority.db")), _connect(str(folder / "resource.db"))
+        authority = LeaseAuthority(authority_db, VirtualClock())
+        for n in range(earlier_holders):
+            authority.release(authority.acquire(LEASE, f"earlier-{n + 1}", 1.0))
+        Fence(resource_db, JOB)
+        authority_db.conn.close()    # the last connection to close checkpoints the WAL away
+        resource_db.conn.close()
+        _TEMPLATES[earlier_holders] = folder
+    return _TEMPLATES[earlier_holders]
+
+
 def _scratch() -> str | None:
     """Where the sim's files go: ``/dev/shm`` (memory-backed, still real files with real
     locks) when there is one, so a run never waits for a disk; else the system temp dir."""
@@ -546,10 +572,10 @@ class Sim:
                        "lease_counter": "authority"}
         self._dir = Path(tempfile.mkdtemp(prefix="labkit-sim-", dir=_scratch()))
         self._admin: dict[str, Any] = {}
+        start = _template(check_knob(earlier_holders, "earlier_holders", integer=True))
+        for name in ("authority", "resource"):
+            shutil.copyfile(start / f"{name}.db", self.path(name))
         self.authority = LeaseAuthority(self.database("authority"), self.clock)
-        Fence(self.database("resource"), JOB)
-        for n in range(check_knob(earlier_holders, "earlier_holders", integer=True)):
-            self.authority.release(self.authority.acquire(LEASE, f"earlier-{n + 1}", 1.0))
 
     # -- databases -------------------------------------------------------------------
     def path(self, name: str) -> str:

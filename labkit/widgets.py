@@ -24,14 +24,146 @@ from IPython.display import display
 
 from .errors import BadArgument, BadArgumentType
 from .history import check
-from .plot import COLOURS, TimelineRenderer, _end
+from .plot import (COLOURS, LABEL_STYLES, SPAN_STYLES, _end, _frame, _lanes, _margins, _size, boxes,
+                   scene, styles)
 from .sim import Result, play
 
-__all__ = ["explore", "replay", "Explorer", "tables_html"]
+__all__ = ["explore", "replay", "Explorer", "TimelineRenderer", "tables_html"]
 
 #: knobs that get a slider by default, when the scenario has them
 SLIDER_KNOBS = ("pause", "latency", "request_latency", "response_latency", "ttl", "margin", "gap",
                 "hold", "drift", "offset", "delay", "lag", "repeats", "contenders", "outage")
+
+
+_STEPS = (10, 15, 20, 30, 40, 50, 60, 80, 100, 120, 150, 200, 300, 400, 600, 1000)
+
+
+class TimelineRenderer:
+    """Draw many runs fast as PNG bytes (for the panel): same picture as :func:`labkit.plot.timeline`.
+
+    The frame (lanes, ticks, legend) is rendered once per (lanes, time range)
+    and kept as a background; each run then restores it and draws only its own
+    marks with artists made once and refilled (blitting). Labels are drawn as
+    cached glyph outlines, which costs a tenth of laying out text anew. The
+    time range only grows, in round steps, so the picture does not jump while
+    a slider moves. The verdict and knobs are left to the panel's HTML.
+
+    Example:
+        >>> from labkit.scenarios import expired_but_alive
+        >>> TimelineRenderer().png(expired_but_alive())[:4]
+        b'\\x89PNG'
+    """
+
+    def __init__(self, dpi: int = 80, xmax: float = 0.0) -> None:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        self.dpi, self.xmax = dpi, xmax
+        self.figure = Figure(dpi=dpi)
+        self.canvas = FigureCanvasAgg(self.figure)
+        self.ax = self.figure.add_subplot()
+        self._key = self._background = None
+        self._paths: dict[tuple, tuple] = {}
+
+    def _prepare(self, lanes: list[str], end: float) -> None:
+        import matplotlib as mpl
+        need = max(self.xmax, end * 1.03)
+        xmax = next((s for s in _STEPS if s >= need), need * 1.1)
+        key = (tuple(lanes), xmax, mpl.rcParams["font.size"], mpl.rcParams["lines.markersize"])
+        if key == self._key:
+            self.canvas.restore_region(self._background)
+            return
+        self.xmax = xmax
+        self.figure.set_size_inches(*_size(len(lanes), top=0.25))   # no title: the panel shows it
+        _margins(self.figure, top=0.25)
+        self.ax.clear()
+        _frame(self.ax, lanes, xmax)
+        self.canvas.draw()
+        self._background = self.canvas.copy_from_bbox(self.figure.bbox)
+        self._artists = self._make_artists()
+        self._key = key
+
+    def _make_artists(self) -> dict:
+        from matplotlib.collections import LineCollection, PolyCollection
+        from matplotlib.lines import Line2D
+        import matplotlib as mpl
+        ax = self.ax
+
+        def attach(artist):
+            artist.set_figure(self.figure)
+            artist.set_transform(ax.transData)
+            artist.set_clip_box(ax.bbox)
+            return artist
+        made = {kind: attach(PolyCollection([], **style)) for kind, style in SPAN_STYLES.items()}
+        made["ticks"] = attach(LineCollection([], colors=COLOURS["expiry"], linewidths=2.5))
+        made["fence"] = attach(Line2D([], [], color=COLOURS["fence"], drawstyle="steps-post",
+                                      lw=mpl.rcParams["lines.linewidth"] * 1.5))
+        for name, style in styles().items():
+            made[name] = attach(Line2D([], [], ls="", **style))
+        return made
+
+    def _label(self, renderer, text, x, y, dy, kind) -> None:
+        from matplotlib.font_manager import FontProperties
+        from matplotlib.patches import PathPatch
+        from matplotlib.textpath import TextPath
+        from matplotlib.transforms import Affine2D
+        import matplotlib as mpl
+        style = LABEL_STYLES[kind]
+        key = (text, style["fontsize"], style.get("fontweight"), mpl.rcParams["font.size"])
+        if key not in self._paths:
+            prop = FontProperties(size=style["fontsize"], weight=style.get("fontweight", "normal"))
+            path = TextPath((0, 0), text, prop=prop)
+            box = path.get_extents()
+            self._paths[key] = (path, box.width, box.height)
+        path, width, height = self._paths[key]
+        ox = -width / 2 if style.get("ha") == "center" else 0.0
+        va = style.get("va") or ("bottom" if dy > 0 else "top")
+        oy = {"bottom": 0.0, "top": -height, "center": -height / 2}.get(va, 0.0)
+        dx = 2.0 if kind in ("other", "fence") else 0.0
+        px, py = self.ax.transData.transform((x, y))
+        points = self.dpi / 72
+        size = mpl.rcParams["lines.markersize"]
+        move = Affine2D().translate(ox + dx, oy + dy * size).scale(points).translate(px, py)
+        colour = style.get("color", "#000000")
+        if kind == "pause":
+            halo = PathPatch(path, transform=move, facecolor="white", edgecolor="white", lw=3)
+            halo.set_figure(self.figure)
+            halo.draw(renderer)
+        patch = PathPatch(path, transform=move, facecolor=colour, edgecolor="none", lw=0)
+        patch.set_figure(self.figure)
+        patch.draw(renderer)
+
+    def png(self, result) -> bytes:
+        """Render ``result``'s timeline and return it as PNG bytes."""
+        lanes = _lanes(result.history)
+        self._prepare(lanes, _end(result.history))
+        sc = scene(result, lanes, self.xmax)
+        renderer = self.canvas.get_renderer()
+        art = self._artists
+        for kind in SPAN_STYLES:
+            art[kind].set_verts(boxes(sc.spans[kind]))
+            art[kind].draw(renderer)
+        art["ticks"].set_segments([[(x, y - 0.42), (x, y + 0.42)] for x, y in sc.ticks])
+        art["ticks"].draw(renderer)
+        art["fence"].set_data(*(sc.fence or ([], [])))
+        art["fence"].draw(renderer)
+        for name in styles():
+            if name in sc.points:
+                art[name].set_data(*sc.points[name])
+                art[name].draw(renderer)
+        for label in sc.labels:
+            self._label(renderer, *label)
+        return _encode(self.canvas)
+
+
+def _encode(canvas) -> bytes:
+    """The canvas as an RGB PNG at zlib level 1 (fast; flat colours compress well anyway)."""
+    import io
+    from PIL import Image
+    width, height = canvas.get_width_height()
+    image = Image.frombuffer("RGBA", (width, height), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
+    out = io.BytesIO()
+    image.convert("RGB").save(out, format="PNG", compress_level=1)
+    return out.getvalue()
 
 
 def tables_html(tables: dict, only=("invoices", "job_fence", "leases", "idempotency_keys")) -> str:
@@ -102,7 +234,7 @@ class Explorer(widgets.VBox):
 
     def __init__(self, scenario, controls: dict, fixed: dict) -> None:
         self.scenario, self.controls, self.fixed = scenario, controls, fixed
-        self.renderer = TimelineRenderer()
+        self.renderer = TimelineRenderer(xmax=self._longest())
         self.result: Result | None = None
         name = getattr(scenario, "__name__", "scenario")
         summary = (scenario.__doc__ or "").strip().splitlines()[0] if scenario.__doc__ else ""
@@ -117,6 +249,20 @@ class Explorer(widgets.VBox):
         for control in controls.values():
             control.observe(self._changed, names="value")
         self.update()
+
+    def _longest(self) -> float:
+        """The longest run over each slider at its far end, so the time axis rarely has to grow."""
+        ends = []
+        for name, control in self.controls.items():
+            if name in ("seed", "protected") or not hasattr(control, "max"):
+                continue
+            for protected in (False, True):
+                try:
+                    run = self.scenario(protected=protected, **{**self.knobs(), name: control.max})
+                except (BadArgument, BadArgumentType):
+                    continue
+                ends.append(_end(run.history))
+        return max(ends, default=0.0) * 1.03
 
     def knobs(self) -> dict:
         """The knob values the controls show now (and the fixed ones)."""

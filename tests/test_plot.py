@@ -11,10 +11,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from labkit import BadArgument  # noqa: E402
-from labkit.plot import TimelineRenderer, outcome_map, present, timeline  # noqa: E402
+from labkit.plot import outcome_map, present, timeline  # noqa: E402
 from labkit.scenarios import SCENARIOS, expired_but_alive, lock_wait  # noqa: E402
 from labkit.sim import Result  # noqa: E402
-from labkit.widgets import explore, replay  # noqa: E402
+from labkit.widgets import TimelineRenderer, explore, replay  # noqa: E402
 
 LEGEND = ["lease held", "lease expires (authority)", "paused", "waiting for the lock", "read",
           "lease refused (held)", "write accepted", "write replaced later", "write rejected (stale)",
