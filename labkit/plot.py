@@ -38,15 +38,22 @@ _QUIET = {"read", "acquire", "renew", "release", "wait", "pause", "resume", "cra
 _IN = {"left": 0.75, "right": 0.3, "top": 0.75, "bottom": 1.45, "lane": 0.62, "width": 11.0}
 
 
-def _size(lanes: int, top: float = _IN["top"]) -> tuple[float, float]:
-    return _IN["width"], top + _IN["bottom"] + _IN["lane"] * (lanes + 1) + 0.3
+def _inch(name: str) -> float:
+    """A layout length in inches, scaled with the font size (presenter mode makes everything bigger)."""
+    return _IN[name] * max(1.0, mpl.rcParams["font.size"] / 10.0)
 
 
-def _margins(fig, top: float = _IN["top"]) -> None:
+def _size(lanes: int, top: float | None = None) -> tuple[float, float]:
+    top = _inch("top") if top is None else top
+    return _inch("width"), top + _inch("bottom") + _inch("lane") * (lanes + 1) + 0.3
+
+
+def _margins(fig, top: float | None = None) -> None:
     """Fixed margins in inches, so the axes never move between runs."""
     w, h = fig.get_size_inches()
-    fig.subplots_adjust(left=_IN["left"] / w, right=1 - _IN["right"] / w,
-                        top=1 - top / h, bottom=_IN["bottom"] / h)
+    top = _inch("top") if top is None else top
+    fig.subplots_adjust(left=_inch("left") / w, right=1 - _inch("right") / w,
+                        top=1 - top / h, bottom=_inch("bottom") / h)
 
 
 def _lanes(history) -> list[str]:
@@ -133,7 +140,7 @@ def _legend(ax):
         Line2D([], [], color=COLOURS["fence"], drawstyle="steps-post", label="fence token"),
     ]
     fig_h = ax.figure.get_size_inches()[1]
-    below = -0.62 / fig_h / ax.get_position().height
+    below = -0.62 * _inch("lane") / _IN["lane"] / fig_h / ax.get_position().height
     return ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.0, below), frameon=False,
                      borderaxespad=0.0, ncols=5, fontsize="small", columnspacing=1.2, handletextpad=0.4)
 
@@ -307,7 +314,7 @@ def _paint(ax, sc: Scene) -> None:
         ax.annotate(text, (x, y), xytext=(2 if kind in ("other", "fence") else 0, dy * size),
                     textcoords="offset points", **style)
     h = ax.figure.get_size_inches()[1] * ax.get_position().height
-    ax.text(0.0, -(_IN["bottom"] - 0.12) / h, sc.caption, transform=ax.transAxes, fontsize="small",
+    ax.text(0.0, -(_inch("bottom") - 0.12) / h, sc.caption, transform=ax.transAxes, fontsize="small",
             color="#555555", va="bottom")
     ax.set_title(textwrap.fill(sc.title, 88), loc="left", color=sc.colour)
 
@@ -350,7 +357,9 @@ def timeline(result, ax=None):
 
 
 _OUTCOMES = ("no violation",) + VIOLATION_KINDS
-_OUTCOME_COLOURS = ("#009E73", "#D55E00", "#E69F00", "#CC79A7", "#56B4E9", "#0072B2")
+_OUTCOME_COLOUR = {"no violation": "#009E73", "lost_update": "#D55E00", "stale_accepted": "#E69F00",
+                   "duplicate_effect": "#CC79A7", "acted_after_expiry": "#56B4E9", "foreign_release": "#0072B2"}
+_OUTCOME_COLOURS = tuple(_OUTCOME_COLOUR[k] for k in _OUTCOMES)
 _WORST = ("lost_update", "stale_accepted", "duplicate_effect", "acted_after_expiry", "foreign_release")
 
 
@@ -391,6 +400,10 @@ def outcome_map(scenario, x, y, *, protected: bool = False, seed: int = 0, ax=No
     present = sorted({c for row in cells for c in row})
     ax.legend(handles=[Patch(color=_OUTCOME_COLOURS[c], label=_OUTCOMES[c].replace("_", " "))
                        for c in present], loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    defaults = getattr(scenario, "knobs", {})
+    if defaults.get(xname) in xs and defaults.get(yname) in ys:
+        ax.annotate("source's numbers", (xs.index(defaults[xname]), ys.index(defaults[yname])),
+                    ha="center", va="center", fontsize="small", color="white", fontweight="bold")
     name = getattr(scenario, "__name__", "scenario")
     ax.set_title(f"{name}, {'protected' if protected else 'unprotected'}: worst outcome per run", loc="left")
     return ax

@@ -232,9 +232,9 @@ class Explorer(widgets.VBox):
         image: the ``widgets.Output`` holding the timeline PNG.
     """
 
-    def __init__(self, scenario, controls: dict, fixed: dict) -> None:
+    def __init__(self, scenario, controls: dict, fixed: dict, dpi: int = 80) -> None:
         self.scenario, self.controls, self.fixed = scenario, controls, fixed
-        self.renderer = TimelineRenderer(xmax=self._longest())
+        self.renderer = TimelineRenderer(dpi=dpi, xmax=self._longest())
         self.result: Result | None = None
         name = getattr(scenario, "__name__", "scenario")
         summary = (scenario.__doc__ or "").strip().splitlines()[0] if scenario.__doc__ else ""
@@ -288,13 +288,15 @@ class Explorer(widgets.VBox):
         return self.result
 
 
-def explore(scenario, *, protected: bool = True, seed: int = 0, seeds: int = 20, **sliders) -> Explorer:
+def explore(scenario, *, protected: bool = True, seed: int = 0, seeds: int = 20, dpi: int = 80,
+            **sliders) -> Explorer:
     """An ipywidgets panel that reruns ``scenario`` and redraws its timeline on every change.
 
     Args:
         scenario: a scenario function from :mod:`labkit.scenarios`.
         protected: the toggle's first position. seed: the seed slider's first value.
         seeds: the seed slider goes from 0 to this.
+        dpi: the timeline's pixels per inch (more for a projector; each change costs more).
         **sliders: per knob, ``(low, high)`` or ``(low, high, step)`` for a slider, a list
             for a dropdown, or a plain value to hold it fixed. Knobs not named get a
             default slider if they are timings or counts (``pause``, ``ttl``, ``gap``...).
@@ -335,7 +337,9 @@ def explore(scenario, *, protected: bool = True, seed: int = 0, seeds: int = 20,
     controls["protected"] = widgets.ToggleButton(value=protected, description="protected",
                                                  tooltip="use the mechanism the lesson teaches",
                                                  icon="shield")
-    return Explorer(scenario, controls, fixed)
+    if isinstance(dpi, bool) or not isinstance(dpi, int) or not 20 <= dpi <= 300:
+        raise BadArgument("dpi", f"must be an int in 20 .. 300, got {dpi!r}")
+    return Explorer(scenario, controls, fixed, dpi)
 
 
 def _live_factor(virtual: float, speed: float) -> float:
