@@ -17,9 +17,16 @@ __all__ = ["Clock", "VirtualClock", "RealClock"]
 
 @runtime_checkable
 class Clock(Protocol):
-    """Anything with ``now() -> float`` seconds on a monotonic scale."""
+    """Anything with ``now() -> float`` seconds on a monotonic scale.
 
-    def now(self) -> float: ...
+    Example:
+        >>> isinstance(VirtualClock(), Clock)
+        True
+    """
+
+    def now(self) -> float:
+        """Return the current time in seconds; it never decreases."""
+        ...
 
 
 def check_seconds(value, argument: str, *, allow_zero: bool = True) -> float:

@@ -25,10 +25,15 @@ _OWN_TABLES = {"job_fence", "lease_counter", "leases", "idempotency_keys", "labk
 
 # The triggers of Fence.protect. Only quoted identifiers are formatted in (a
 # trigger cannot take bound parameters); the messages are fixed literals that
-# labkit.db translates. One CASE does every check in one step; the upsert
-# raises the fence in the same statement as the row's write.
+# labkit.db translates. The WHEN clause is the fast path: a row carrying exactly
+# the fence's token needs nothing done (one index lookup). Otherwise one CASE
+# makes every check, and the upsert raises the fence in the same statement as
+# the row's write (creating the fence row if the job had none).
 _TRIGGER = """
-CREATE TRIGGER IF NOT EXISTS {name} BEFORE {event} ON {table} BEGIN
+CREATE TRIGGER IF NOT EXISTS {name} BEFORE {event} ON {table}
+WHEN NOT EXISTS (SELECT 1 FROM job_fence WHERE job_id = NEW.job_id AND epoch = 0
+                 AND generation = NEW.{column} AND typeof(NEW.{column}) = 'integer')
+BEGIN
     SELECT CASE
         WHEN typeof(NEW.{column}) <> 'integer'
             THEN RAISE(ABORT, 'labkit: generation must be an integer')

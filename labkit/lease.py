@@ -86,6 +86,14 @@ class LeaseAuthority:
         Raises:
             BadArgument, BadArgumentType: for bad input (nothing written).
             Busy: when the database stays locked past the busy timeout.
+
+        Example:
+            >>> from labkit import connect, VirtualClock
+            >>> leases = LeaseAuthority(connect(), VirtualClock())
+            >>> leases.try_acquire("job", "A", ttl=10).generation
+            1
+            >>> leases.try_acquire("job", "B", ttl=10) is None
+            True
         """
         name, owner = check_name(name, "name"), check_name(owner, "owner")
         ttl = check_seconds(ttl, "ttl", allow_zero=False)
@@ -114,7 +122,30 @@ class LeaseAuthority:
             return lease
 
     def acquire(self, name: str, owner: str, ttl: float) -> Lease:
-        """Like :meth:`try_acquire`, but raise :class:`~labkit.LeaseHeld` instead of returning None."""
+        """Acquire ``name`` for ``owner``, or raise :class:`~labkit.LeaseHeld` while it is held.
+
+        Like :meth:`try_acquire`, but a held name is an error carrying the holder,
+        its generation and its expiry. The holder itself gets LeaseHeld too: to
+        keep a lease, renew it.
+
+        Args:
+            name: what to lease. owner: who asks. ttl: seconds (> 0, finite).
+
+        Returns:
+            The new :class:`Lease`, with a generation above every earlier one for ``name``.
+
+        Raises:
+            LeaseHeld: an unexpired lease on ``name`` exists; nothing was written.
+            BadArgument, BadArgumentType, Busy: as for :meth:`try_acquire`.
+
+        Example:
+            >>> from labkit import connect, VirtualClock
+            >>> clock = VirtualClock(); leases = LeaseAuthority(connect(), clock)
+            >>> a = leases.acquire("job", "A", ttl=10)
+            >>> clock.advance(10); leases.acquire("job", "B", ttl=10).generation
+            10.0
+            2
+        """
         lease = self.try_acquire(name, owner, ttl)
         if lease is None:
             held = self.current(name)
@@ -126,8 +157,24 @@ class LeaseAuthority:
     def renew(self, lease: Lease) -> Lease:
         """Extend ``lease`` to ``now + lease.ttl`` if its owner and generation still hold it.
 
+        Args:
+            lease: the lease as last granted or renewed.
+
+        Returns:
+            A new :class:`Lease`: same generation, ``expires_at = now + lease.ttl``.
+
         Raises:
-            LeaseLost: the lease expired, was released, or belongs to someone else now.
+            LeaseLost: the lease expired, was released, or belongs to someone else now;
+                nothing was changed.
+            BadArgumentType: ``lease`` is not a Lease.
+
+        Example:
+            >>> from labkit import connect, VirtualClock
+            >>> clock = VirtualClock(); leases = LeaseAuthority(connect(), clock)
+            >>> a = leases.acquire("job", "A", ttl=10)
+            >>> clock.advance(7); leases.renew(a).expires_at
+            7.0
+            17.0
         """
         lease = _check_lease(lease)
         with transaction(self.db):
@@ -150,8 +197,19 @@ class LeaseAuthority:
 
         A late release from an old holder never deletes its successor's lease.
 
+        Args:
+            lease: the lease to give back.
+
         Raises:
             LeaseLost: nothing matched; nothing was changed.
+            BadArgumentType: ``lease`` is not a Lease.
+
+        Example:
+            >>> from labkit import connect, VirtualClock
+            >>> leases = LeaseAuthority(connect(), VirtualClock())
+            >>> leases.release(leases.acquire("job", "A", ttl=10))
+            >>> leases.current("job") is None
+            True
         """
         lease = _check_lease(lease)
         with transaction(self.db):
@@ -163,7 +221,16 @@ class LeaseAuthority:
             raise LeaseLost(lease.name, lease.owner, lease.generation)
 
     def current(self, name: str) -> Lease | None:
-        """Return the unexpired lease on ``name``, or None. A read: it never blocks."""
+        """Return the unexpired lease on ``name``, or None. A read: it never blocks.
+
+        Example:
+            >>> from labkit import connect, VirtualClock
+            >>> leases = LeaseAuthority(connect(), VirtualClock())
+            >>> leases.current("job") is None
+            True
+            >>> leases.acquire("job", "A", ttl=10) == leases.current("job")
+            True
+        """
         name = check_name(name, "name")
         rows = execute(self.db, "SELECT name, owner, generation, expires_at, ttl FROM leases "
                                 "WHERE name = ? AND expires_at > ?", (name, read_clock(self.clock)))
