@@ -155,10 +155,19 @@ def check_db(db, argument: str = "db") -> sqlite3.Connection:
 
     Raises:
         BadArgumentType: ``db`` is neither, naming ``argument``.
+        BadArgument: the connection opens transactions implicitly (its
+            ``isolation_level`` is not None), e.g. ``sqlite_utils.Database("x.db")``.
     """
     conn = getattr(db, "conn", db)
     if not isinstance(conn, sqlite3.Connection):
         raise BadArgumentType(argument, f"must be a labkit database, got {type(db).__name__}")
+    try:
+        implicit = conn.isolation_level is not None
+    except sqlite3.ProgrammingError:  # closed: the first statement says so
+        return conn
+    if implicit:
+        raise BadArgument(argument, "the connection must have isolation_level=None, so that no "
+                                    "implicit transaction surprises anyone: open it with labkit.connect()")
     return conn
 
 
@@ -264,9 +273,20 @@ def _run(db, sql: str, params: Any) -> tuple[list[tuple], int]:
 def transaction(db) -> Iterator[sqlite3.Connection]:
     """``BEGIN IMMEDIATE``, then ``COMMIT`` on success or ``ROLLBACK`` on any exception.
 
+    A protected table's refusal that reaches here as a bare ``sqlite3`` error
+    (e.g. from a sqlite-utils insert inside the block) leaves as
+    :class:`~labkit.StaleGeneration`, after the rollback.
+
     Raises:
         Busy: if the write lock is not free within the busy timeout (nothing ran).
         BadArgument: if the database is closed, or already inside a transaction.
+
+    Example:
+        >>> db = connect()
+        >>> with transaction(db):
+        ...     _ = execute(db, "INSERT INTO job_fence(job_id) VALUES ('job')")
+        >>> execute(db, "SELECT job_id, generation FROM job_fence")
+        [('job', 0)]
     """
     conn = _conn(db)
     if _in_transaction(conn):
@@ -274,9 +294,12 @@ def transaction(db) -> Iterator[sqlite3.Connection]:
     execute(conn, "BEGIN IMMEDIATE")
     try:
         yield conn
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(sqlite3.Error, LabkitError):
             execute(conn, "ROLLBACK")
+        if isinstance(exc, sqlite3.Error) and any(
+                m in str(exc) for m in (STALE_MESSAGE, NOT_INT_MESSAGE, NULL_JOB_MESSAGE)):
+            raise _translate(exc, conn) from exc
         raise
     try:
         execute(conn, "COMMIT")

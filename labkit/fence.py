@@ -215,8 +215,10 @@ class Fence:
         each row) and ``column`` holds the writer's token as an integer (a row
         without an integer token is refused). An ``UPDATE`` must set ``column`` to
         the updater's token: the triggers judge the row as it will be. Deletes are
-        not fenced. Existing rows raise their jobs' fences to their highest token.
-        Calling it again changes nothing.
+        not fenced. A row's int token ``n`` means ``(0, n)``, so once a fence has
+        an epoch above 0 every int row is stale: writers using ``(epoch, counter)``
+        tokens go through :meth:`guard` instead. Existing rows raise their jobs'
+        fences to their highest token. Calling it again changes nothing.
 
         Args:
             table: the table to protect (not one of labkit's own tables).

@@ -325,6 +325,21 @@ def test_a_stale_row_inside_a_guard_rolls_back_the_whole_guard(db, dump):
     assert dump() == before
 
 
+def test_a_sqlite_utils_insert_of_a_stale_row_inside_a_guard_is_stale_generation(db, dump):
+    """tx.db["invoices"].insert with a stale row: the guard rolls back and reports StaleGeneration."""
+    fence = Fence(db, "invoice-run")
+    fence.protect("invoices")
+    with fence.guard(8):
+        pass
+    before = dump()
+    with pytest.raises(StaleGeneration) as caught:
+        with fence.guard(8) as tx:
+            tx.db["invoices"].insert({"job_id": "invoice-run", "invoice_id": "INV-1", "amount": 1,
+                                      "generation": 7})
+    assert caught.value.offered is None
+    assert dump() == before
+
+
 def test_a_multi_row_insert_with_one_stale_row_writes_no_row(db, db_path, dump):
     """The whole statement is aborted, the good rows with it."""
     Fence(db, "invoice-run").protect("invoices")

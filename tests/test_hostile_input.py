@@ -184,6 +184,20 @@ def test_bad_argument_raises_a_named_labkit_error_and_changes_nothing(env, case)
     assert not env.db.conn.in_transaction
 
 
+def test_a_connection_with_implicit_transactions_is_refused(env):
+    """A connection not opened by labkit.connect (isolation_level != None) is refused, naming db; nothing written."""
+    implicit = sqlite3.connect(env.path)
+    before = dump(env.path)
+    for call in (lambda: LeaseAuthority(implicit, env.clock), lambda: Fence(implicit, "job"),
+                 lambda: run_once(implicit, "k", lambda tx: 1), lambda: execute(implicit, "DELETE FROM invoices")):
+        with pytest.raises(BadArgument, match="isolation_level") as caught:
+            call()
+        assert caught.value.argument in ("db", "db_or_tx")
+    assert not implicit.in_transaction
+    implicit.close()
+    assert dump(env.path) == before
+
+
 def test_the_matrix_covers_every_public_entry_point():
     """The cases reach every public callable of the core at least once."""
     covered = {c.id.split("=")[0].split(".")[0].split("(")[0] for c in CASES}
