@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import matplotlib as mpl
 from matplotlib.collections import PolyCollection
-from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 

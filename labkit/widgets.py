@@ -24,8 +24,8 @@ from IPython.display import display
 
 from .errors import BadArgument, BadArgumentType
 from .history import check
-from .plot import (COLOURS, LABEL_STYLES, SPAN_STYLES, _end, _frame, _lanes, _margins, _size, boxes,
-                   scene, styles)
+from .plot import (_MAX_LANES, COLOURS, LABEL_STYLES, SPAN_STYLES, _end, _frame, _lanes, _margins,
+                   _size, boxes, scene, styles)
 from .sim import Result, play
 
 __all__ = ["explore", "replay", "Explorer", "TimelineRenderer", "tables_html"]
@@ -54,10 +54,10 @@ class TimelineRenderer:
         b'\\x89PNG'
     """
 
-    def __init__(self, dpi: int = 80, xmax: float = 0.0) -> None:
+    def __init__(self, dpi: int = 80, xmax: float = 0.0, lanes=()) -> None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
-        self.dpi, self.xmax = dpi, xmax
+        self.dpi, self.xmax, self.lanes = dpi, xmax, list(lanes)[:_MAX_LANES]
         self.figure = Figure(dpi=dpi)
         self.canvas = FigureCanvasAgg(self.figure)
         self.ax = self.figure.add_subplot()
@@ -134,7 +134,8 @@ class TimelineRenderer:
 
     def png(self, result) -> bytes:
         """Render ``result``'s timeline and return it as PNG bytes."""
-        lanes = _lanes(result.history)
+        lanes = self.lanes + [w for w in _lanes(result.history) if w not in self.lanes]
+        self.lanes = lanes = lanes[:_MAX_LANES]   # lanes stay put once seen: the picture does not jump
         self._prepare(lanes, _end(result.history))
         sc = scene(result, lanes, self.xmax)
         renderer = self.canvas.get_renderer()
@@ -234,7 +235,8 @@ class Explorer(widgets.VBox):
 
     def __init__(self, scenario, controls: dict, fixed: dict, dpi: int = 80) -> None:
         self.scenario, self.controls, self.fixed = scenario, controls, fixed
-        self.renderer = TimelineRenderer(dpi=dpi, xmax=self._longest())
+        longest, lanes = self._previews()
+        self.renderer = TimelineRenderer(dpi=dpi, xmax=longest, lanes=lanes)
         self.result: Result | None = None
         name = getattr(scenario, "__name__", "scenario")
         summary = (scenario.__doc__ or "").strip().splitlines()[0] if scenario.__doc__ else ""
@@ -250,9 +252,9 @@ class Explorer(widgets.VBox):
             control.observe(self._changed, names="value")
         self.update()
 
-    def _longest(self) -> float:
-        """The longest run over each slider at its far end, so the time axis rarely has to grow."""
-        ends = []
+    def _previews(self) -> tuple[float, list[str]]:
+        """Run each slider at its far end: the longest run and every lane, so the frame rarely changes."""
+        ends, lanes = [], []
         for name, control in self.controls.items():
             if name in ("seed", "protected") or not hasattr(control, "max"):
                 continue
@@ -262,7 +264,8 @@ class Explorer(widgets.VBox):
                 except (BadArgument, BadArgumentType):
                     continue
                 ends.append(_end(run.history))
-        return max(ends, default=0.0) * 1.03
+                lanes += [w for w in _lanes(run.history) if w not in lanes]
+        return max(ends, default=0.0) * 1.03, lanes
 
     def knobs(self) -> dict:
         """The knob values the controls show now (and the fixed ones)."""
@@ -380,7 +383,7 @@ def replay(scenario, *, speed: float = 2.0, fps: float = 4.0, protected: bool = 
         raise BadArgument("fps", f"must be a number > 0, got {fps!r}")
     preview = scenario(protected=protected, seed=seed, **knobs)   # validates knobs; gives the length
     factor = _live_factor(max(_end(preview.history), 1.0), float(speed))
-    renderer = TimelineRenderer(xmax=_end(preview.history) * 1.03)
+    renderer = TimelineRenderer(xmax=_end(preview.history) * 1.03, lanes=_lanes(preview.history))
     clock = widgets.HTML()
     image = widgets.Output(layout=widgets.Layout(min_height="320px"))
     verdict = widgets.HTML()
