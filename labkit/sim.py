@@ -49,6 +49,13 @@ runs it to the end, reads the tables from the real files, runs
 :func:`labkit.check` on the history and writes the verdict. The builder may
 return a function ``(history, violations, tables) -> str | None`` to word the
 verdict itself. Every registered scenario is in :data:`SCENARIOS`.
+
+The files live in ``/dev/shm`` when the machine has it (memory-backed, still
+real files with real locks) and start as copies of template files made once
+per process, so a whole run takes a few milliseconds. :func:`play` runs a
+scenario paced in wall-clock time instead (``factor`` wall seconds per
+virtual second, on ``simpy.rt.RealtimeEnvironment``) and calls ``step(sim)``
+as it goes: the live replay in :mod:`labkit.widgets` draws from there.
 """
 
 from __future__ import annotations
