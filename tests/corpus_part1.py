@@ -14,7 +14,7 @@ UPSERT = """INSERT INTO invoices(job_id, invoice_id, amount, generation)
             ON CONFLICT(job_id, invoice_id) DO UPDATE SET
                 amount = excluded.amount, generation = excluded.generation"""
 RAISE = """UPDATE job_fence SET generation = :generation
-           WHERE job_id = :job AND generation <= :generation RETURNING generation"""
+           WHERE generation <= :generation AND job_id = :job RETURNING generation"""
 '''
 
 # --------------------------------------------------------------------- 02.1 fenced insert
@@ -52,7 +52,7 @@ def fenced_insert(conn, job, invoice_id, amount, generation):
     try:
         with transaction(conn):
             if rowcount(conn, "UPDATE job_fence SET generation = :generation "
-                              "WHERE job_id = :job AND generation <= :generation", params) != 1:
+                              "WHERE generation <= :generation AND job_id = :job", params) != 1:
                 raise Refused()          # leaving the block by an exception rolls back
             execute(conn, UPSERT, params)
     except Refused:
@@ -128,7 +128,7 @@ def fenced_insert(conn, job, invoice_id, amount, generation):
         raise_="UPDATE job_fence SET generation = :generation WHERE generation <= :generation RETURNING 1"),
         "changes nothing else"),
     "equal generations refused (< instead of <=)": (_UPSERT + _SKELETON.format(
-        raise_="UPDATE job_fence SET generation = :generation WHERE job_id = :job AND generation < :generation "
+        raise_="UPDATE job_fence SET generation = :generation WHERE generation < :generation AND job_id = :job "
                "RETURNING 1"), "equal generations pass"),
     "deferred BEGIN: reads, compares, then writes": (_UPSERT + """
 def fenced_insert(conn, job, invoice_id, amount, generation):
