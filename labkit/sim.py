@@ -719,6 +719,12 @@ def describe(history: Iterable[Event], violations: Iterable[Violation]) -> str:
     if dup is not None:
         return f"{dup.worker}'s repeat of {dup.key!r} was recognised by its key: it took effect once"
     n = sum(1 for e in history if e.action in ("write", "email", "charge") and e.outcome == "ok")
+    waits = [e for e in history if e.action == "wait"]
+    if waits:
+        who = waits[0].worker
+        mine = [e.time for e in waits if e.worker == who]
+        return (f"{who} waited {mine[-1] - mine[0] + TICK:g} s for the write lock, then went on: "
+                f"no violation, {n} committed writes in generation order")
     return f"no violation: {n} committed writes, in generation order, none lost"
 
 
