@@ -184,9 +184,16 @@ class _Writers:
         (invoice, amount), = invoices.items()
         return _call(self.answer, db, job, invoice, amount, gen)
 
-    def log(self, who, action, outcome, gen=None, target=None) -> None:
-        self.t += 1.0
-        self.history.append(Event(self.t, who, action, outcome, gen, target=target))
+    def log(self, who, action, outcome="ok", gen=None, target=None, until=None, dt=1.0) -> None:
+        self.t += dt
+        self.history.append(Event(self.t, who, action, outcome, gen, target=target, until=until))
+
+    def wrote(self, who: str, gen: int, invoices: dict, before, after, crashed: bool = False) -> None:
+        """Log a write as the rows show it, and the fence of JOB if it moved."""
+        self.log(who, "write", "crashed" if crashed else ("ok" if after != before else "rejected"), gen,
+                 ",".join(invoices))
+        if _fence(after, JOB) != _fence(before, JOB):
+            self.log(who, "raise", "ok", _fence(after, JOB), JOB, dt=0.0)
 
     def write(self, who: str, job: str, gen: int, invoices: dict, crash: str | None = None) -> None:
         """One call on its own; judge its answer and the rows it left."""
@@ -201,7 +208,7 @@ class _Writers:
         if crash:
             execute(self.db, "DELETE FROM crash_plan")
         after, want = _state(self.db), _after(before, job, gen, invoices)
-        self.log(who, "write", "crashed" if crash else ("ok" if after != before else "rejected"), gen, ",".join(invoices))
+        self.wrote(who, gen, invoices, before, after, crashed=bool(crash))
         _raised_first(tracer.sql[start:])
         if crash:
             expect(after == before, "a crash inside the transaction leaves nothing behind: no invoice, and the "
@@ -234,21 +241,29 @@ class _Writers:
         s_a = _state(self.db)
         a_done = _after(s0, job, a_gen, a_inv)
         if not seen:                     # A finished before its at-th statement: B comes after A
-            self.log("A", "write", "ok" if s_a != s0 else "rejected", a_gen, ",".join(a_inv))
+            self.wrote("A", a_gen, a_inv, s0, s_a)
             expect(_is(out_a, True) and s_a == a_done, f"a write with generation {a_gen} at the fence is "
                    "accepted, stores its invoices and raises the fence", f"A {_shown(out_a)}; {_diff(s0, s_a)}")
             return self.write("B", job, b_gen, b_inv)
         mid, out_b, s_b = seen["mid"], seen["b"], seen["b_after"]
+        if mid != s0:
+            self.wrote("A", a_gen, a_inv, s0, mid)
+        self.log("A", "pause", "ok", None, f"before its SQL statement {at}", until=self.t + 3.0)
+        if _is(out_b, True):
+            self.wrote("B", b_gen, b_inv, mid, s_b)
+        else:
+            self.log("B", "wait", "busy", b_gen, JOB)
+        self.log("A", "resume")
+        if mid == s0:
+            self.wrote("A", a_gen, a_inv, s_b, s_a)
         expect(mid in (s0, a_done), "a call's writes become visible together, at its COMMIT",
                f"just before A's statement {at}, another connection saw: {_diff(s0, mid)}")
         expect(not self.conns["B"][0].conn.in_transaction and not self.conns["A"][0].conn.in_transaction,
                "every call ends its transaction with COMMIT or ROLLBACK", "a transaction was left open")
         if _is(out_b, True):
-            self.log("B", "write", "ok", b_gen, ",".join(b_inv))
             expect(s_b == _after(mid, job, b_gen, b_inv), "an accepted write stores its invoices and raises the fence",
                    f"B (generation {b_gen}): {_diff(mid, s_b)}")
             if mid == s0:
-                self.log("A", "write", "ok" if _is(out_a, True) else "rejected", a_gen, ",".join(a_inv))
                 expect(_is(out_a, False) and s_a == s_b,
                        f"once B has committed generation {b_gen}, A's write with {a_gen} is refused and writes nothing "
                        f"(B came in just before A's SQL statement {at})", f"A {_shown(out_a)}; {_diff(s_b, s_a)}")
@@ -256,14 +271,12 @@ class _Writers:
                 expect(_is(out_a, True) and s_a == s_b, "a write that committed reports True",
                        f"A {_shown(out_a)}; {_diff(s_b, s_a)}")
             return
-        self.log("B", "wait", "busy", b_gen, JOB)
         expect(_busy(out_b) or _is(out_b, False), "a writer kept out by the lock waits (SQLite says "
                "'database is locked' at busy timeout 0) or reports False", f"B {_shown(out_b)}")
         expect(s_b == mid, "a writer kept out by the lock writes nothing", f"B: {_diff(mid, s_b)}")
         expect(_is(out_a, True) and s_a == a_done,
                f"while A's transaction holds the lock (B was kept out just before A's statement {at}), A's write "
                f"with generation {a_gen} commits whole", f"A {_shown(out_a)}; {_diff(s0, s_a)}")
-        self.log("A", "write", "ok", a_gen, ",".join(a_inv))
         self.write("B", job, b_gen, b_inv)      # B's retry, after A's COMMIT
 
 
@@ -366,9 +379,16 @@ class _Charger:
     def call(self, who: str, req: tuple):
         return _call(self.answer, self.conns[who][0], *req)
 
-    def log(self, who, req, outcome) -> None:
+    def log(self, who, req, outcome, action: str = "charge", until=None) -> None:
         self.t += 1.0
-        self.history.append(Event(self.t, who, "charge", outcome, req[4], key=req[1], target=req[2]))
+        self.history.append(Event(self.t, who, action, outcome, req and req[4], key=req and req[1],
+                                  target=req and req[2], until=until))
+
+    def raised(self, who: str, before, after) -> None:
+        """Log the fence of JOB if it moved."""
+        old, new = dict(before[0]).get(JOB), dict(after[0]).get(JOB)
+        if old != new:
+            self.history.append(Event(self.t + 1.0, who, "raise", "ok", new, target=JOB))   # with the charge logged next
 
     def step(self, who: str, req: tuple, before, out, after, crashed: bool = False):
         """Judge one call that went from ``before`` to ``after``; ``out=None``: not returned yet."""
@@ -376,6 +396,7 @@ class _Charger:
         fence, what = dict(before[0])[job], f"{who}'s charge_once(key={key!r}, generation={gen})"
         got = out and _shown(out)
         new = [r for r in after[1] if r not in before[1]]
+        self.raised(who, before, after)
         if crashed or gen < fence:
             self.log(who, req, "crashed" if crashed else ("ok" if new else "rejected"))
             why = "a crash inside the transaction leaves no charge, no key and the fence where it was" if crashed \
@@ -437,11 +458,14 @@ class _Charger:
         mid, out_b, s_b = seen["mid"], seen["b"], seen["after"]
         if mid != s0:                               # A had committed before the repeat came
             self.step("A", req, s0, None, mid)
+        self.log("A", None, "ok", "pause", until=self.t + 3.0)
         if out_b[0] == "returned" and out_b[1] is not None:
             self.step("B", req, mid, out_b, s_b)
+            self.log("A", None, "ok", "resume")
             self.step("A", req, s_b, out_a, s_a)
             return
-        self.log("B", req, "waited")
+        self.log("B", req, "busy", "wait")
+        self.log("A", None, "ok", "resume")
         expect(_busy(out_b) or out_b == ("returned", None), "a repeat kept out by the lock waits "
                "('database is locked' at busy timeout 0)", f"the repeat {_shown(out_b)}")
         expect(s_b == mid, "a repeat kept out by the lock changes nothing", f"charges {mid[1]} -> {s_b[1]}")
@@ -710,7 +734,8 @@ def issuer_check(answer, schedule: Schedule, history: list) -> None:
                     got = token(out[1], "token")
                 except Exception:
                     expect(False, "the issuer returns a token (epoch, counter)", f"it returned {out[1]!r}")
-                history.append(Event(t, "issuer", "write", "ok", got, target="token"))
+                history.append(Event(t, "issuer", "write", "ok", got, target=str(got)))
+                history.append(Event(t, "issuer", "raise", "ok", got, target="token"))
                 expect(got > highest, "every token is above every token issued before it, across failovers "
                                       "and restored backups (compared as (epoch, counter))",
                        f"it issued {got} after {highest} had been issued" + (" (just after a recovery)" if recovered else ""))

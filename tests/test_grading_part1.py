@@ -106,8 +106,8 @@ def test_the_lock_really_keeps_b_out_while_a_is_inside():
     history: list = []
     labkit.grading.TASKS["02.1"].trial(right, schedule, history)
     assert [(e.worker, e.action, e.outcome) for e in history] == [
-        ("B", "wait", "busy"), ("A", "write", "ok"), ("B", "write", "ok"), ("A", "write", "rejected"),
-        ("A", "write", "rejected")]
+        ("A", "pause", "ok"), ("B", "wait", "busy"), ("A", "resume", "ok"), ("A", "write", "ok"),
+        ("B", "write", "ok"), ("B", "raise", "ok"), ("A", "write", "rejected"), ("A", "write", "rejected")]
 
 
 def _run_exercise(name: str):
