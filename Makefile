@@ -6,6 +6,7 @@ STAMP  := $(VENV)/.installed
 NBVAL  := -p no:hypothesispytest --nbval-lax --nbval-current-env
 TOKEN  ?= $(shell $(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(24))')
 PORT   ?= 8888
+ROOTOK := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: lab test exercises bench clean
 
@@ -17,7 +18,7 @@ $(STAMP): pyproject.toml
 lab: $(STAMP)
 	@echo "JupyterLab on http://127.0.0.1:$(PORT)/lab?token=$(TOKEN)"
 	$(BIN)/jupyter lab --ip=127.0.0.1 --port=$(PORT) --IdentityProvider.token=$(TOKEN) \
-	    --ServerApp.root_dir=$(CURDIR) notebooks/00-start-here.ipynb
+	    --ServerApp.root_dir=$(CURDIR) $(ROOTOK) notebooks/00-start-here.ipynb
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
