@@ -312,7 +312,7 @@ def explore(scenario, *, protected: bool = True, seed: int = 0, seeds: int = 20,
         seeds: the seed slider goes from 0 to this.
         dpi: the timeline's pixels per inch (more for a projector; each change costs more).
         **sliders: per knob, ``(low, high)`` or ``(low, high, step)`` for a slider, a list
-            for a dropdown, or a plain value to hold it fixed. Knobs not named get a
+            for a dropdown, or a plain value to hold it fixed. Sliders appear in the order named here; knobs not named get a
             default slider if they are timings or counts (``pause``, ``ttl``, ``gap``...).
 
     Returns:
@@ -338,7 +338,8 @@ def explore(scenario, *, protected: bool = True, seed: int = 0, seeds: int = 20,
         if name not in knobs:
             raise BadArgument(name, f"is not a knob of {scenario.__name__}; its knobs are {sorted(knobs)}")
     controls, fixed = {}, {}
-    for name, default in knobs.items():
+    for name in [*sliders, *(k for k in knobs if k not in sliders)]:  # the caller's order first
+        default = knobs[name]
         spec = sliders.get(name, _default_spec(default) if name in SLIDER_KNOBS else None)
         if name in sliders and not isinstance(spec, (tuple, list)):
             fixed[name] = spec
