@@ -312,8 +312,9 @@ def explore(scenario, *, protected: bool = True, seed: int = 0, seeds: int = 20,
         seeds: the seed slider goes from 0 to this.
         dpi: the timeline's pixels per inch (more for a projector; each change costs more).
         **sliders: per knob, ``(low, high)`` or ``(low, high, step)`` for a slider, a list
-            for a dropdown, or a plain value to hold it fixed. Sliders appear in the order named here; knobs not named get a
-            default slider if they are timings or counts (``pause``, ``ttl``, ``gap``...).
+            for a dropdown, or a plain value to hold it fixed. Sliders appear in the order
+            named here; knobs not named get a default slider if they are timings or counts
+            (``pause``, ``ttl``, ``gap``...).
 
     Returns:
         An :class:`Explorer` (a ``VBox``); show it as a cell's last expression.
