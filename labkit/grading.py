@@ -12,7 +12,8 @@ the check prints one fixed line (nbval compares it with the stored one); on
 failure it raises :class:`CheckFailed` naming the property, the schedule's seed
 and a one-line call that replays it as a timeline.
 
-Writing a task (in ``labkit/grading_part1.py`` or ``grading_part2.py``)::
+Writing a task (in the lesson's check module, ``labkit/checksNN.py``, with the
+shared laboratory of :mod:`labkit.checks_lab`)::
 
     @task("02.1", "the fenced insert", schedules(HOSTILE, count=20, make=random_knobs))
     def fenced_insert(answer, schedule, history):
@@ -34,9 +35,15 @@ from typing import Any, Callable, Iterable
 from .errors import LabkitError
 
 __all__ = ["check", "replay", "task", "expect", "schedules", "Schedule", "Broken",
-           "CheckFailed", "TASKS", "PASS"]
+           "CheckFailed", "TASKS", "PASS", "CHECK_MODULES"]
 
 PASS = "PASS {task}: {title} held under every schedule"
+
+#: The modules that register tasks, and the helpers they share (first, so that
+#: the lesson modules pick up the reloaded helpers). Reloading this module
+#: reloads them all, in this order.
+CHECK_MODULES = ("labkit.checks_lab", "labkit.checks_writers",
+                 *(f"labkit.checks{lesson:02}" for lesson in range(1, 10)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,10 +185,17 @@ def replay(task_id: str, answer: Any, *, seed: int, ax=None):
 
 
 def _load_checks() -> None:
-    """(Re)load the check modules so their tasks register against this module's TASKS."""
-    for name in ("labkit.grading_part1", "labkit.grading_part2"):
+    """(Re)load every check module, so their tasks register against this module's TASKS.
+
+    A reload re-executes a module in place: every name an answer cell patched
+    (``expect``, a helper, a trial) is bound afresh from the source.
+    """
+    for name in CHECK_MODULES:
         module = sys.modules.get(name)
-        module = importlib.reload(module) if module else importlib.import_module(name)
+        if module is None:
+            importlib.import_module(name)
+        else:
+            importlib.reload(module)
 
 
 _load_checks()
