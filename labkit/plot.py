@@ -19,9 +19,10 @@ from matplotlib.collections import PolyCollection
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from .errors import BadArgument
 from .history import EFFECTS, VIOLATION_KINDS
 
-__all__ = ["timeline", "outcome_map", "present", "scene", "Scene", "COLOURS"]
+__all__ = ["timeline", "outcome_map", "verdict_table", "present", "scene", "Scene", "COLOURS"]
 
 #: Okabe-Ito colours, by meaning
 COLOURS = {
@@ -407,6 +408,56 @@ def outcome_map(scenario, x, y, *, protected: bool = False, seed: int = 0, ax=No
     ax.set_title(f"{name}, {'protected' if protected else 'unprotected'}: worst outcome per run", loc="left")
     return ax
 
+
+def verdict_table(rows, *, verdicts=(1,), ok: str = "no violation", ax=None):
+    """Draw rows of text as a table whose verdict columns are coloured by outcome.
+
+    The first row is the header, in bold. Each column starts where the longest
+    text of the column before it (plus a gap) ends, so the table needs no
+    hand-placed positions. In the ``verdicts`` columns, a cell equal to ``ok``
+    is green and any other text vermilion (Okabe-Ito, as the timelines); all
+    other cells are dark grey.
+
+    Args:
+        rows: a header row, then data rows; every row has the same number of cells.
+        verdicts: the indexes of the columns to colour, e.g. ``(1, 2)``.
+        ok: the text that means "nothing went wrong".
+        ax: draw into these axes; by default a new figure sized to the table.
+
+    Returns:
+        The matplotlib ``Axes``.
+
+    Raises:
+        BadArgument: no rows, rows of different lengths, or a ``verdicts``
+            index outside the columns.
+
+    Example:
+        >>> ax = verdict_table([("scenario", "naive"), ("herd", "no violation")])
+        >>> [t.get_text() for t in ax.texts]
+        ['scenario', 'naive', 'herd', 'no violation']
+    """
+    rows = [tuple(map(str, row)) for row in rows]
+    if not rows or len({len(row) for row in rows}) != 1:
+        raise BadArgument("rows", "needs a header row and rows of the same length")
+    columns = len(rows[0])
+    if any(not 0 <= i < columns for i in verdicts):
+        raise BadArgument("verdicts", f"column indexes must be in 0 .. {columns - 1}, got {tuple(verdicts)}")
+    widths = [max(len(line) for row in rows for line in row[i].splitlines() or [""]) + 3
+              for i in range(columns)]
+    starts = [sum(widths[:i]) / sum(widths) for i in range(columns)]
+    if ax is None:
+        import matplotlib.pyplot as plt
+        size = (max(6.0, 0.132 * sum(widths)), 0.45 * len(rows) + 0.4)
+        ax = plt.figure(figsize=size, layout="constrained").add_subplot()
+    for y, row in enumerate(rows):
+        for x, (start, text) in enumerate(zip(starts, row)):
+            colour = "#222222" if y == 0 or x not in verdicts else (
+                COLOURS["accepted"] if text == ok else COLOURS["rejected"])
+            ax.text(start, y, text, va="center", fontsize=13, color=colour,
+                    weight="bold" if y == 0 else "normal")
+    ax.set(xlim=(0, 1), ylim=(len(rows) - 0.5, -0.5))
+    ax.axis("off")
+    return ax
 
 _PRESENTER = {
     "font.size": 16, "axes.titlesize": 18, "axes.labelsize": 16, "xtick.labelsize": 14,

@@ -241,9 +241,12 @@ class VersionLease:
     A contender :meth:`observe` s the record, waits the record's ``duration``
     on its OWN monotonic clock, and :meth:`claim` s with one conditional
     ``UPDATE ... WHERE version = :seen``. No clock reading is ever compared with
-    another host's: only a local elapsed time. It still assumes the holder
-    notices its own lapse within a duration; a paused holder does not, so its
-    writes still need the fence (the claim's ``generation`` is the token).
+    another host's: only a local elapsed time, so an offset between the clocks
+    does not matter, but their rates do: it assumes bounded drift (the
+    contender's wait of one duration must not end before the holder's has).
+    It also assumes the holder notices its own lapse within a duration; a
+    paused holder does not, so its writes still need the fence (the claim's
+    ``generation`` is the token).
 
     Example:
         >>> from labkit import connect, VirtualClock

@@ -6,7 +6,7 @@ change reruns the scenario (a few milliseconds: virtual time, real SQLite) and
 replaces the picture in place. The picture is an inline PNG inside a
 ``widgets.Output`` whose ``outputs`` are swapped in one state update: no
 flicker, no stacked figures, and the layout does not move. The PNG comes from
-a :class:`~labkit.plot.TimelineRenderer`, which draws the frame once and only
+a :class:`~labkit.widgets.TimelineRenderer`, which draws the frame once and only
 the run's marks on every change.
 
 :func:`replay` plays a scenario for an audience, paced in wall-clock time with
