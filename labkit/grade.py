@@ -18,7 +18,9 @@ them), so an edited check cell or a forged stored output counts for nothing.
 Each notebook is copied into its own temporary folder and run by
 ``pytest --nbval-lax --nbval-current-env`` with a per-cell timeout. A task
 passes only if its check cell passed: after a timeout nbval marks later cells
-as xfail, and here they count as failed. A notebook that is not valid JSON,
+as xfail, and here they count as failed. Every task that passed is then
+checked again outside the student's kernel (:mod:`labkit.verify`), so an
+answer cell that patches Python itself cannot fake a pass. A notebook that is not valid JSON,
 crashes its kernel or loops forever costs that student only.
 
 The exit status says whether grading ran (0), not whether students passed.
@@ -30,8 +32,9 @@ import argparse
 import copy
 import csv
 import json
+import os
 import pathlib
-import shutil
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -203,11 +206,34 @@ def grade(paths: list[str], *, solutions: pathlib.Path = ROOT / "solutions", cel
             if _key(target, root) not in passed:
                 sub.problem = "the notebook could not be run (kernel crash or timeout)"
             _score(sub, target, passed.get(_key(target, root), set()))
+            _verify(sub, target, cell_timeout)
             bar = "#" * (30 * done // len(jobs))
             print(f"\r[{bar:<30}] {done}/{len(jobs)} {sub.student}", end="", file=progress, flush=True)
         if jobs:
             print(file=progress)
     return subs
+
+
+def _verify(sub: Submission, target: pathlib.Path, cell_timeout: int) -> None:
+    """Re-check outside the student's kernel every task that passed under nbval."""
+    passed = [t for t, outcome in sub.results.items() if outcome == "pass"]
+    if not passed:
+        return
+    nonce = secrets.token_hex(16)
+    cells = len(json.loads(target.read_text())["cells"])
+    try:
+        out = subprocess.run([sys.executable, "-m", "labkit.verify", str(target)], cwd=target.parent,
+                             capture_output=True, text=True, timeout=60 + cell_timeout * cells,
+                             env={**os.environ, "LABKIT_VERIFY_NONCE": nonce, "MPLBACKEND": "Agg"})
+        line = next((l for l in out.stdout.splitlines() if l.startswith(nonce)), None)
+        verdicts = json.loads(line[len(nonce):]) if line else {}
+    except subprocess.TimeoutExpired:
+        verdicts = {}
+    for task in passed:
+        verdict = verdicts.get(task, "fail: the re-check outside the notebook gave no answer")
+        if verdict != "pass":
+            sub.results[task] = "fail"
+            sub.problem = f"task {task} passed in the notebook but not when re-checked outside it ({verdict})"
 
 
 def scorecard(subs: list[Submission]) -> str:
