@@ -565,6 +565,80 @@ def issue(store, authority, name, recovered):
 ''', "every token is above"),
 }
 
+# --------------------------------------------------------------------- 04.2 lease cleanup
+_CLEAN = '''
+from labkit.db import transaction, execute, rowcount
+'''
+CLEANUP_RIGHT = {
+    "BEGIN IMMEDIATE by hand, DELETE ... RETURNING fetched before COMMIT": '''
+def cleanup(conn, now):
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        gone = conn.execute("DELETE FROM leases WHERE NOT (expires_at > :now) RETURNING name",
+                            {"now": now}).fetchall()
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return len(gone)
+''',
+    "read the expired rows and delete each by its full identity, all under the write lock": _CLEAN + '''
+def cleanup(conn, now):
+    deleted = 0
+    with transaction(conn):
+        for name, generation in execute(conn, "SELECT name, generation FROM leases WHERE ? >= expires_at", (now,)):
+            deleted += rowcount(conn, "DELETE FROM leases WHERE name = ? AND generation = ? AND expires_at <= ?",
+                                (name, generation, now))
+    return deleted
+''',
+}
+
+CLEANUP_WRONG = {
+    "deletes the counter with the lease (the lesson's naive cleanup)": (_CLEAN + '''
+def cleanup(conn, now):
+    with transaction(conn):
+        names = [name for (name,) in execute(conn, "DELETE FROM leases WHERE expires_at <= ? RETURNING name", (now,))]
+        for name in names:
+            execute(conn, "DELETE FROM lease_counter WHERE name = ?", (name,))
+    return len(names)
+''', "above every generation ever issued"),
+    "re-creates the counter at 1 for a fresh start": (_CLEAN + '''
+def cleanup(conn, now):
+    with transaction(conn):
+        names = [name for (name,) in execute(conn, "DELETE FROM leases WHERE expires_at <= ? RETURNING name", (now,))]
+        for name in names:
+            execute(conn, "INSERT OR REPLACE INTO lease_counter(name, generation) VALUES (?, 1)", (name,))
+    return len(names)
+''', "above every generation ever issued"),
+    "a lease at exactly its expiry counted as alive (expires_at < now)": (_CLEAN + '''
+def cleanup(conn, now):
+    with transaction(conn):
+        return rowcount(conn, "DELETE FROM leases WHERE expires_at < ?", (now,))
+''', "deletes every lease that has expired at now"),
+    "expired counted from now + ttl (deletes leases that still run)": (_CLEAN + '''
+def cleanup(conn, now):
+    with transaction(conn):
+        return rowcount(conn, "DELETE FROM leases WHERE expires_at < ? + ttl", (now,))
+''', "never deletes a lease that is unexpired at now"),
+    "read, then delete by name and owner (a renewal lands in between)": (_CLEAN + '''
+def cleanup(conn, now):
+    expired = execute(conn, "SELECT name, owner FROM leases WHERE expires_at <= ?", (now,))
+    with transaction(conn):
+        for name, owner in expired:
+            execute(conn, "DELETE FROM leases WHERE name = ? AND owner = ?", (name, owner))
+    return len(expired)
+''', "never deletes a lease that is unexpired at now"),
+    "one autocommitted DELETE per expired name": (_CLEAN + '''
+def cleanup(conn, now):
+    names = [name for (name,) in execute(conn, "SELECT name FROM leases WHERE expires_at <= ?", (now,))]
+    return sum(rowcount(conn, "DELETE FROM leases WHERE name = ? AND expires_at <= ?", (name, now)) for name in names)
+''', "commit together, in one transaction"),
+    "a constant: reports nothing deleted": ('''
+def cleanup(conn, now):
+    return 0
+''', "deletes every lease that has expired at now"),
+}
+
 CORPUS = {
     "01.1": {"name": "find_lost_updates", "right": LOST_RIGHT, "wrong": LOST_WRONG},
     "01.2": {"name": "predict_overwrite", "right": PREDICT_RIGHT, "wrong": PREDICT_WRONG},
@@ -573,6 +647,7 @@ CORPUS = {
     "03.1": {"name": "record_batch", "right": BATCH_RIGHT, "wrong": BATCH_WRONG},
     "03.2": {"name": "split_database_answers", "right": QUIZ_RIGHT, "wrong": QUIZ_WRONG},
     "04.1": {"name": "issue", "right": ISSUE_RIGHT, "wrong": ISSUE_WRONG},
+    "04.2": {"name": "cleanup", "right": CLEANUP_RIGHT, "wrong": CLEANUP_WRONG},
 }
 
 TAMPER = {

@@ -110,6 +110,56 @@ def test_the_lock_really_keeps_b_out_while_a_is_inside():
         ("B", "write", "ok"), ("B", "raise", "ok"), ("A", "write", "rejected"), ("A", "write", "rejected")]
 
 
+def _cleanup_trial(label: str, kind: str, race: str, at: int):
+    """Run one 04.2 race schedule directly; return (broken property or None, the target holder's events)."""
+    entry = CORPUS["04.2"]
+    source = entry[kind][label] if kind == "right" else entry[kind][label][0]
+    task = labkit.grading.TASKS["04.2"]
+    schedule = next(s for s in task.schedules if s.knobs["race"] == race and s.knobs["at"] == at)
+    history: list = []
+    try:
+        task.trial(define(source, entry["name"]), schedule, history)
+        broken = None
+    except labkit.grading.Broken as b:
+        broken = b.prop
+    target = next(e.target for e in history if e.action in ("renew", "acquire") and e.worker != "I"
+                  and e.target.startswith("late" if race == "renew" else "boundary"))
+    holder = next(e.worker for e in history if e.target == target)
+    return broken, [("holder" if e.worker == holder else e.worker, e.action, e.outcome)
+                    for e in history if e.target == target], history
+
+
+def test_a_renewal_between_read_and_delete_really_loses_its_lease():
+    """04.2: the holder renews between the cleanup's read and its DELETE; deleting by owner removes the renewed lease."""
+    broken, events, history = _cleanup_trial("read, then delete by name and owner (a renewal lands in between)",
+                                             "wrong", "renew", 2)
+    assert broken and "never deletes a lease that is unexpired" in broken
+    assert events == [("holder", "acquire", "ok"), ("holder", "renew", "ok"), ("holder", "release", "ok")]
+    renewed = next(e for e in history if e.action == "renew")
+    assert renewed.until > next(e.time for e in history if e.action == "cleanup")
+
+
+def test_the_cleanups_write_lock_keeps_the_renewal_out_or_after():
+    """04.2: with one conditional DELETE, a renewal before the cleanup is kept; one during it waits and is lost."""
+    label = "BEGIN IMMEDIATE by hand, DELETE ... RETURNING fetched before COMMIT"
+    broken, events, _ = _cleanup_trial(label, "right", "renew", 1)
+    assert broken is None and events == [("holder", "acquire", "ok"), ("holder", "renew", "ok"), ("I", "acquire", "ok")]
+    broken, events, _ = _cleanup_trial(label, "right", "renew", 2)
+    assert broken is None
+    assert events == [("holder", "acquire", "ok"), ("holder", "release", "ok"), ("holder", "renew", "lost"),
+                      ("I", "acquire", "ok")]
+
+
+def test_a_cleanup_that_drops_the_counter_really_reissues_old_generations():
+    """04.2: after the naive cleanup, LeaseAuthority hands generation 1 to the next holder of an 8-times-used name."""
+    entry = CORPUS["04.2"]
+    naive = define(entry["wrong"]["deletes the counter with the lease (the lesson's naive cleanup)"][0], "cleanup")
+    history: list = []
+    with pytest.raises(labkit.grading.Broken, match="above every generation ever issued"):
+        labkit.grading.TASKS["04.2"].trial(naive, labkit.grading.TASKS["04.2"].schedules[0], history)
+    assert [(e.worker, e.generation) for e in history if e.action == "acquire"][-1] == ("I", 1)
+
+
 def _run_exercise(name: str):
     import nbformat
     from nbclient import NotebookClient
