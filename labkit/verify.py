@@ -5,10 +5,12 @@ patch anything first (``importlib.reload``, IPython's exception hooks,
 labkit's own modules). So the grader re-runs every notebook that passed a
 task under nbval in a fresh process: it runs the notebook's code cells (not
 the check cells, not ``# NBVAL_SKIP`` cells) in a plain IPython shell, then
-puts back what a check cell relies on (``importlib``, ``print``,
-``__import__``), forgets every ``labkit`` module the student's code could
-have touched, and runs each canonical check cell with ``exec``: it passes
-if it raises nothing and prints exactly its stored output. A task passes
+puts back what a check cell relies on (``importlib`` and its ``reload``,
+``print``, ``__import__``, the module ``labkit.grading`` itself), and runs
+each canonical check cell with ``exec``: its ``reload`` re-executes the
+grading modules from their source, it passes if it raises nothing and prints
+exactly its stored output. (The core modules are not reloaded: the
+student's objects must stay of the same classes as the checks' objects.) A task passes
 only if it passes both ways.
 
 Usage (by :mod:`labkit.grade`): ``LABKIT_VERIFY_NONCE=... python -m labkit.verify NOTEBOOK``;
@@ -18,12 +20,12 @@ prints one line, the nonce followed by a JSON object ``{task: "pass" | "fail: wh
 from __future__ import annotations
 
 import builtins
-import contextlib
 import importlib
-import io
 import json
 import os
 import sys
+from contextlib import redirect_stderr, redirect_stdout
+from io import StringIO
 
 __all__ = ["main"]
 
@@ -35,16 +37,16 @@ def _source(cell) -> str:
     return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
 
 
-def _restore() -> None:
+def _restore(grading) -> None:
     sys.modules["importlib"] = _PRISTINE["importlib"]
     importlib.reload, importlib.import_module = _PRISTINE["reload"], _PRISTINE["import_module"]
     builtins.print, builtins.__import__ = _PRISTINE["print"], _PRISTINE["__import__"]
-    for name in [n for n in sys.modules if n == "labkit" or n.startswith("labkit.")]:
-        del sys.modules[name]
+    sys.modules["labkit.grading"] = grading
 
 
 def main(path: str, nonce: str, write) -> None:
     """Run ``path``'s code cells, then each check cell against a fresh ``labkit``."""
+    from . import grading
     from .notebooks import is_check
     from .grade import task_of
     cells = [c for c in json.loads(open(path).read())["cells"] if c["cell_type"] == "code"]
@@ -53,15 +55,15 @@ def main(path: str, nonce: str, write) -> None:
     from IPython.core.interactiveshell import InteractiveShell
     shell = InteractiveShell.instance()
     for source in code:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        with redirect_stdout(StringIO()), redirect_stderr(StringIO()):
             shell.run_cell(source)
-    _restore()
+    _restore(grading)
     results = {}
     for cell in checks:
         expected = "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
-        printed = io.StringIO()
+        printed = StringIO()
         try:
-            with contextlib.redirect_stdout(printed):
+            with redirect_stdout(printed):
                 _PRISTINE["exec"](compile(_source(cell), "<check cell>", "exec"), shell.user_ns)
             ok = printed.getvalue() == expected or not expected
             results[task_of(cell)] = "pass" if ok else f"fail: printed {printed.getvalue()!r}"
