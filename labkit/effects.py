@@ -26,7 +26,7 @@ from typing import Any
 from .clock import Clock, check_seconds
 from .db import check_name, execute, transaction
 from .errors import BadArgument, BadArgumentType, KeyReused
-from .fence import Fence, Tx, show, token
+from .fence import Fence, Tx, check_tx, show, token
 
 __all__ = ["FencedFileStore", "EmailProvider", "PaymentProvider", "Delivery", "Outbox",
            "Reconciliation", "ETagStore"]
@@ -95,17 +95,19 @@ class FencedFileStore:
     def write(self, name: str, data: bytes, generation, *, tx: Tx | None = None) -> str:
         """Replace file ``name`` with ``data`` if ``generation`` passes the fence; return the blob id.
 
-        With ``tx`` (from this store's ``fence.guard(generation)``), the write
-        joins that transaction, so it commits together with the block's other writes.
+        With ``tx`` (from ``fence.guard(generation)`` of this store's job, on this
+        store's connection), the write joins that transaction, so it commits
+        together with the block's other writes.
 
         Raises:
             StaleGeneration: the fence is above ``generation``; the file is unchanged.
-            BadArgument: ``tx`` was opened with another generation.
+            BadArgument: ``tx`` was opened with another generation, by another
+                job's fence, on another connection, without a fence (e.g. the
+                ``tx`` of ``run_once(db, ...)``), or its block has ended.
         """
         name, data, offered = check_name(name, "name"), _bytes(data), token(generation)
         if tx is not None:
-            if not isinstance(tx, Tx):
-                raise BadArgumentType("tx", f"must be a Tx from Fence.guard, got {type(tx).__name__}")
+            check_tx(tx, self.db, self.fence.job)
             if tuple(tx.token) != offered:
                 raise BadArgument("tx", f"was opened with {show(tx.token)}, not {show(offered)}")
             return self._commit(tx, name, data)
@@ -269,6 +271,12 @@ class Reconciliation:
 class Outbox:
     """Effect intents written inside the fenced transaction, delivered later by a relay.
 
+    Args:
+        db: the database the intents live in (the fenced transactions' database).
+        clock: where "now" comes from.
+        job: if given, :meth:`add` accepts only transactions this job's fence
+            accepted; otherwise any fenced transaction on ``db``.
+
     Example:
         >>> from labkit import connect, VirtualClock, Fence
         >>> db, clock = connect(), VirtualClock()
@@ -280,8 +288,9 @@ class Outbox:
         (['run/report-email'], [], 1)
     """
 
-    def __init__(self, db, clock: Clock) -> None:
+    def __init__(self, db, clock: Clock, *, job: str | None = None) -> None:
         self.db, self.clock = db, _clock(clock)
+        self.job = None if job is None else check_name(job, "job")
         _ensure(db, "outbox", """CREATE TABLE outbox (
             key TEXT PRIMARY KEY, kind TEXT NOT NULL, payload TEXT NOT NULL,
             epoch INTEGER NOT NULL, generation INTEGER NOT NULL,
@@ -289,9 +298,17 @@ class Outbox:
             provider_id INTEGER, created_at REAL NOT NULL, sent_at REAL)""")
 
     def add(self, tx: Tx, key: str, kind: str, payload: dict) -> bool:
-        """Record the intent in the open fenced transaction ``tx``; False if ``key`` exists already."""
-        if not isinstance(tx, Tx):
-            raise BadArgumentType("tx", f"must be a Tx from Fence.guard, got {type(tx).__name__}")
+        """Record the intent in the open fenced transaction ``tx``; False if ``key`` exists already.
+
+        The row carries ``tx.token``, the token the fence accepted in that transaction.
+
+        Raises:
+            BadArgumentType: ``tx`` is not a :class:`~labkit.Tx`.
+            BadArgument: ``tx`` is not fenced (e.g. the ``tx`` of ``run_once(db, ...)``),
+                its block has ended, it runs on another connection, or (for an
+                outbox made with ``job``) another job's fence accepted it.
+        """
+        check_tx(tx, self.db, self.job)
         rows = tx.execute("INSERT INTO outbox(key, kind, payload, epoch, generation, state, created_at) "
                           "VALUES (?, ?, ?, ?, ?, 'pending', ?) ON CONFLICT(key) DO NOTHING RETURNING key",
                           (check_name(key, "key"), check_name(kind, "kind"), _canonical(payload),

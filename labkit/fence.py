@@ -10,7 +10,7 @@ suppression; :func:`labkit.run_once` is.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import sqlite_utils
@@ -18,7 +18,7 @@ import sqlite_utils
 from .db import check_db, check_int, check_name, execute, in_transaction, quote, transaction
 from .errors import BadArgument, BadArgumentType, LabkitError, StaleGeneration
 
-__all__ = ["Fence", "Tx", "token"]
+__all__ = ["Fence", "Tx", "token", "unfenced", "check_tx"]
 
 _int = check_int
 _OWN_TABLES = {"job_fence", "lease_counter", "leases", "idempotency_keys", "labkit_protected"}
@@ -72,22 +72,53 @@ def show(pair: tuple[int, int]) -> int | tuple[int, int]:
     return pair[1] if pair[0] == 0 else tuple(pair)
 
 
+class _Block:
+    """Whether the ``with`` block that made a :class:`Tx` is still open (set False on exit)."""
+
+    __slots__ = ("open",)
+
+    def __init__(self) -> None:
+        self.open = True
+
+
 @dataclass(frozen=True, slots=True)
 class Tx:
-    """An open fenced transaction.
+    """An open write transaction, as :meth:`Fence.guard` (or :func:`unfenced`) hands it out.
+
+    A ``Tx`` is live only while the ``with`` block that made it is open: once
+    the block ends, :meth:`execute` refuses, and so does every store that takes
+    a ``tx``, even if a later transaction is open on the same connection.
 
     Attributes:
         conn: the sqlite3 connection, inside ``BEGIN IMMEDIATE``.
-        token: the accepted ``(epoch, counter)``.
+        token: the accepted ``(epoch, counter)`` (``(0, 0)`` for an unfenced one by default).
+        job: the job whose fence accepted ``token``; None for an unfenced transaction.
+            Only :meth:`Fence.guard` makes a ``Tx`` with a job.
+
+    Constructing one by hand, ``Tx(conn, token)``, gives an unfenced ``Tx`` that
+    is live while its connection is inside a transaction; prefer :func:`unfenced`.
     """
 
     conn: Any
     token: tuple[int, int]
+    job: str | None = None
+    _block: _Block | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_db(self.conn, "conn")
         if not isinstance(self.token, tuple) or len(self.token) != 2:
             raise BadArgumentType("token", f"must be an (epoch, counter) tuple, got {self.token!r}")
+        if self.job is not None:
+            check_name(self.job, "job")
+            if not isinstance(self._block, _Block):
+                raise BadArgument("job", "only Fence.guard makes a fenced Tx; use Fence(db, job).guard(token)")
+
+    @property
+    def live(self) -> bool:
+        """True while this transaction's ``with`` block is open (and its connection in a transaction)."""
+        if self._block is not None and not self._block.open:
+            return False
+        return in_transaction(self.conn)
 
     def execute(self, sql: str, params: Any = ()) -> list[tuple]:
         """Run one statement in this transaction with bound ``params``; return all rows.
@@ -96,7 +127,8 @@ class Tx:
 
         Raises:
             BadArgument: the transaction has ended (the ``with`` block is over): a
-                write here would escape the fence, so it is refused.
+                write here would escape the fence, so it is refused, even inside a
+                later transaction on the same connection.
 
         Example:
             >>> from labkit import connect, Fence
@@ -104,7 +136,7 @@ class Tx:
             ...     tx.execute("SELECT generation FROM job_fence")
             [(1,)]
         """
-        if not in_transaction(self.conn):
+        if not self.live:
             raise BadArgument("tx", "this transaction has ended; write inside the with block")
         return execute(self.conn, sql, params)
 
@@ -116,6 +148,64 @@ class Tx:
         the guard. Unlike :meth:`execute` it cannot refuse use after the block ends.
         """
         return sqlite_utils.Database(self.conn)
+
+
+@contextlib.contextmanager
+def _open(conn, generation: tuple[int, int], job: str | None) -> Iterator[Tx]:
+    block = _Block()
+    try:
+        yield Tx(conn, generation, job, block)
+    finally:
+        block.open = False
+
+
+@contextlib.contextmanager
+def unfenced(db, generation=0) -> Iterator[Tx]:
+    """``BEGIN IMMEDIATE`` without any fence check, yielding an unfenced :class:`Tx` (``job`` None).
+
+    The unprotected path, and the transaction :func:`labkit.run_once` opens on a
+    database. The ``Tx`` carries ``generation`` as its token but nothing checked
+    it, so fenced stores (:class:`~labkit.effects.FencedFileStore`,
+    :class:`~labkit.effects.Outbox`) refuse it. It is dead once the block ends.
+
+    Raises:
+        BadArgument, BadArgumentType: ``db`` or ``generation`` is not usable (nothing ran).
+        Busy: the write lock stayed taken past the busy timeout.
+
+    Example:
+        >>> from labkit import connect
+        >>> with unfenced(connect(), 7) as tx:
+        ...     _ = tx.execute("INSERT INTO invoices VALUES ('job', 'INV-1', 100, 7)")
+        >>> tx.job, tx.live
+        (None, False)
+    """
+    pair = token(generation)
+    with transaction(db) as conn, _open(conn, pair, None) as tx:
+        yield tx
+
+
+def check_tx(tx, db, job: str | None, argument: str = "tx", *, fenced: bool = True) -> Tx:
+    """Return ``tx`` if it is a live transaction on ``db``'s connection, fenced by ``job``'s fence.
+
+    With ``job`` None any fenced job is accepted, but not an unfenced ``Tx``;
+    with ``fenced=False`` an unfenced one is accepted too.
+
+    Raises:
+        BadArgumentType: ``tx`` is not a :class:`Tx`.
+        BadArgument: its block has ended, it runs on another connection, it is
+            unfenced, or another job's fence accepted it. All name ``argument``.
+    """
+    if not isinstance(tx, Tx):
+        raise BadArgumentType(argument, f"must be a Tx from Fence.guard, got {type(tx).__name__}")
+    if not tx.live:
+        raise BadArgument(argument, "its transaction has ended; use it inside its with block")
+    if tx.conn is not check_db(db):
+        raise BadArgument(argument, "is a transaction on another database connection")
+    if tx.job is None and fenced:
+        raise BadArgument(argument, "is not fenced: open it with Fence(db, job).guard(token)")
+    if job is not None and tx.job != job:
+        raise BadArgument(argument, f"was accepted by the fence of job {tx.job!r}, not {job!r}")
+    return tx
 
 
 class Fence:
@@ -168,7 +258,8 @@ class Fence:
             generation: an int ``n`` (meaning ``(0, n)``) or an ``(epoch, counter)`` pair.
 
         Yields:
-            A :class:`Tx` for the block's writes.
+            A :class:`Tx` for the block's writes (``tx.job`` is this fence's job);
+            it is dead once the block ends.
 
         Raises:
             BadArgument, BadArgumentType: ``generation`` is not a token (nothing ran).
@@ -196,7 +287,8 @@ class Fence:
                 {"epoch": epoch, "generation": counter, "job": self.job})
             if not raised:
                 raise StaleGeneration(show((epoch, counter)), self.current(), self.job)
-            yield Tx(conn, (epoch, counter))
+            with _open(conn, (epoch, counter), self.job) as tx:
+                yield tx
 
     def protect(self, table: str, column: str = "generation") -> None:
         """Make SQLite itself refuse stale rows in ``table``, for every writer.

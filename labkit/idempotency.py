@@ -12,9 +12,9 @@ import contextlib
 import json
 from typing import Any, Callable
 
-from .db import check_db, check_name, execute, in_transaction, rowcount, transaction
+from .db import check_db, check_name, execute, rowcount
 from .errors import BadArgument, BadArgumentType, KeyReused, LabkitError
-from .fence import Tx
+from .fence import Tx, unfenced
 
 __all__ = ["run_once"]
 
@@ -39,6 +39,8 @@ def run_once(db_or_tx, key: str, effect: Callable[[Tx], Any], *, payload: Any = 
         db_or_tx: a labkit database or an open :class:`Tx`.
         key: the operation's unique key, e.g. ``"invoice-run-8/INV-1"``.
         effect: called with a :class:`Tx`; its return value must be JSON-serialisable.
+            Given a database, that ``Tx`` is unfenced (``tx.job`` is None), so a
+            fenced store refuses it: to fence the effect, pass a guard's ``tx``.
         payload: what the operation is about; reusing ``key`` with a different
             payload (compared as canonical JSON) is an error.
 
@@ -63,12 +65,12 @@ def run_once(db_or_tx, key: str, effect: Callable[[Tx], Any], *, payload: Any = 
         raise BadArgumentType("effect", f"must be callable, got {type(effect).__name__}")
     offered = _canonical(payload, "payload")
     if isinstance(db_or_tx, Tx):
-        if not in_transaction(db_or_tx.conn):
+        if not db_or_tx.live:
             raise BadArgument("db_or_tx", "this tx's transaction has ended; call run_once inside the with block")
         return _in_savepoint(db_or_tx, key, effect, offered)
     check_db(db_or_tx, "db_or_tx")
-    with transaction(db_or_tx) as conn:
-        return _in_savepoint(Tx(conn, (0, 0)), key, effect, offered)
+    with unfenced(db_or_tx) as tx:          # no fence: tx.job is None, fenced stores refuse it
+        return _in_savepoint(tx, key, effect, offered)
 
 
 def _in_savepoint(tx: Tx, key: str, effect, offered: str) -> Any:

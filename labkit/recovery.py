@@ -21,7 +21,7 @@ from typing import Any
 from .clock import Clock, check_seconds
 from .db import check_name, execute, transaction
 from .errors import BadArgument, BadArgumentType, LeaseLost
-from .fence import Fence, Tx
+from .fence import Fence, Tx, check_tx
 from .idempotency import run_once
 
 __all__ = ["Claim", "Claims", "operation_key", "produce"]
@@ -88,9 +88,7 @@ class Claims:
     def _one(self, tx: Tx | None, sql: str, params: dict) -> Claim | None:
         params = {**params, "now": self.clock.now()}
         if tx is not None:
-            if not isinstance(tx, Tx):
-                raise BadArgumentType("tx", f"must be a Tx from Fence.guard, got {type(tx).__name__}")
-            rows = tx.execute(sql, params)
+            rows = check_tx(tx, self.db, None, fenced=False).execute(sql, params)
         else:
             with transaction(self.db):
                 rows = execute(self.db, sql, params)
@@ -118,6 +116,7 @@ class Claims:
 
         Raises:
             LeaseLost: the claim was requeued, finished or taken by someone else.
+            BadArgument: ``tx``'s block has ended, or it runs on another connection.
         """
         return self._mine(claim, "progress = :progress", {"progress": _count(progress, "progress")}, tx)
 

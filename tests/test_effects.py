@@ -83,6 +83,58 @@ def test_file_write_into_a_guard_of_another_generation_is_refused(store):
     assert caught.value.argument == "tx" and store.read("report.txt") is None
 
 
+def test_a_stale_writer_in_another_jobs_guard_cannot_write_the_file(store):
+    """B wrote at 8; stale A opens the guard of ANOTHER job at 3 (accepted there) and passes that tx: refused."""
+    store.write("report.txt", b"run by 8", 8)
+    with Fence(store.db, "other-job").guard(3) as tx:
+        with pytest.raises(BadArgument, match="other-job") as caught:
+            store.write("report.txt", b"stale A", 3, tx=tx)
+    assert caught.value.argument == "tx"
+    assert (store.read("report.txt"), store.generation("report.txt"), store.fence.current()) == (b"run by 8", 8, 8)
+
+
+def test_the_unfenced_tx_of_run_once_cannot_write_the_file(store):
+    """run_once(db, ...) opens no fence: its tx (token (0, 0)) is refused by the store, file unchanged."""
+    store.write("report.txt", b"run by 8", 8)
+    with pytest.raises(BadArgument) as caught:
+        labkit.run_once(store.db, "k", lambda tx: store.write("report.txt", b"unfenced", 0, tx=tx))
+    assert caught.value.argument == "tx"
+    assert (store.read("report.txt"), store.generation("report.txt")) == (b"run by 8", 8)
+    assert execute(store.db, "SELECT count(*) FROM idempotency_keys") == [(0,)]
+
+
+def test_a_leaked_tx_cannot_write_the_file_or_the_outbox_later(store, clock):
+    """A tx kept after its guard ended is refused by the store and the outbox, even inside a later transaction."""
+    outbox = Outbox(store.db, clock)
+    with store.fence.guard(8) as leaked:
+        store.write("report.txt", b"run by 8", 8, tx=leaked)
+    with labkit.db.transaction(store.db):
+        for call in (lambda: store.write("report.txt", b"leaked 8", 8, tx=leaked),
+                     lambda: outbox.add(leaked, "k", "email", MAIL)):
+            with pytest.raises(BadArgument, match="ended") as caught:
+                call()
+            assert caught.value.argument == "tx"
+    assert (store.read("report.txt"), outbox.pending()) == (b"run by 8", [])
+
+
+def test_a_tx_on_another_connection_is_refused(store, files, tmp_path):
+    """A guard opened on a second connection to another file cannot write through this store."""
+    other = FencedFileStore(files("elsewhere"), tmp_path / "files", "invoice-run")
+    with other.fence.guard(8) as tx:
+        with pytest.raises(BadArgument, match="another database connection"):
+            store.write("report.txt", b"x", 8, tx=tx)
+    assert store.read("report.txt") is None
+
+
+def test_a_separate_fence_of_the_same_job_may_carry_the_write(store, clock):
+    """The ordinary path: a Fence(db, job) made by the caller for the store's job joins the write and the intent."""
+    outbox = Outbox(store.db, clock, job="invoice-run")
+    with Fence(store.db, "invoice-run").guard(8) as tx:
+        store.write("report.txt", b"run by 8", 8, tx=tx)
+        assert outbox.add(tx, "invoice-run/report-email", "email", MAIL) is True
+    assert (store.read("report.txt"), [p[3] for p in outbox.pending()]) == (b"run by 8", [8])
+
+
 def test_email_provider_honours_keys_but_not_generations(files, clock):
     """Same key: one email. No key: every call sends. A stale worker's call is sent all the same."""
     mail = EmailProvider(files("provider"), clock)
@@ -122,6 +174,20 @@ def test_outbox_add_is_once_per_key_and_only_inside_a_fenced_transaction(files, 
     with pytest.raises(BadArgumentType) as caught:
         outbox.add(db, "k2", "email", MAIL)
     assert caught.value.argument == "tx" and len(outbox.pending()) == 1
+
+
+def test_outbox_refuses_an_unfenced_or_foreign_tx(files, clock):
+    """An intent from run_once(db)'s unfenced tx is refused; an outbox bound to a job refuses another job's tx."""
+    db = files("resource")
+    outbox, bound = Outbox(db, clock), Outbox(db, clock, job="invoice-run")
+    with pytest.raises(BadArgument) as caught:
+        labkit.run_once(db, "k", lambda tx: outbox.add(tx, "run/email", "email", MAIL))
+    assert caught.value.argument == "tx" and "not fenced" in str(caught.value)
+    with Fence(db, "other-job").guard(3) as tx:
+        with pytest.raises(BadArgument, match="other-job"):
+            bound.add(tx, "invoice-run/email", "email", MAIL)
+        assert outbox.add(tx, "other-job/email", "email", MAIL) is True   # unbound: any fenced job
+    assert [(p[0], p[3]) for p in outbox.pending()] == [("other-job/email", 3)]
 
 
 def test_stale_intent_never_reaches_the_outbox(files, clock):

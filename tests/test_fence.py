@@ -6,8 +6,9 @@ import threading
 import pytest
 
 import labkit
-from labkit import Fence, LabkitError, StaleGeneration
+from labkit import Fence, LabkitError, StaleGeneration, Tx
 from labkit.db import execute, transaction
+from labkit.fence import unfenced
 
 INSERT = "INSERT INTO invoices(job_id, invoice_id, amount, generation) VALUES (?, ?, ?, ?)"
 
@@ -198,6 +199,40 @@ def test_tx_execute_after_the_block_is_refused(db, dump):
     with pytest.raises(labkit.BadArgument, match="tx"):
         tx.execute(INSERT, ("job", "INV-1", 5, 1))
     assert dump() == before
+
+
+def test_a_leaked_tx_cannot_write_inside_a_later_plain_transaction(db, dump):
+    """A tx kept after its guard ended stays dead even while another transaction is open on its connection."""
+    fence = Fence(db, "job")
+    with fence.guard(1) as leaked:
+        assert (leaked.live, leaked.job, leaked.token) == (True, "job", (0, 1))
+    assert leaked.live is False
+    before = dump()
+    with transaction(db):
+        with pytest.raises(labkit.BadArgument) as caught:
+            leaked.execute(INSERT, ("job", "INV-1", 5, 1))
+        assert caught.value.argument == "tx"
+    assert dump() == before
+
+
+def test_unfenced_yields_a_tx_without_a_job_that_dies_with_its_block(db):
+    """unfenced(db, 7) writes without any fence check (the fence stays at 0); its tx has no job and dies after."""
+    fence = Fence(db, "job")
+    with unfenced(db, 7) as tx:
+        assert (tx.job, tx.token, tx.live) == (None, (0, 7), True)
+        tx.execute(INSERT, ("job", "INV-1", 5, 7))
+    assert (tx.live, fence.current(), invoices(db)) == (False, 0, [("job", "INV-1", 5, 7)])
+    with pytest.raises(labkit.BadArgument):
+        tx.execute(INSERT, ("job", "INV-2", 5, 7))
+
+
+def test_only_a_guard_makes_a_tx_with_a_job(db):
+    """Tx(conn, token, job) by hand is refused naming job: a job means a fence accepted the token."""
+    with pytest.raises(labkit.BadArgument) as caught:
+        Tx(db.conn, (0, 9), "job")
+    assert caught.value.argument == "job"
+    with transaction(db) as conn:                  # a hand-made unfenced Tx still works (as before)
+        assert Tx(conn, (0, 1)).execute("SELECT 1") == [(1,)]
 
 
 def test_a_deleted_fence_row_is_an_error_not_a_reset(db, dump):

@@ -4,7 +4,7 @@ import pytest
 
 import labkit
 from labkit import Fence, KeyReused, run_once
-from labkit.db import execute
+from labkit.db import execute, transaction
 
 
 def keys(db):
@@ -133,6 +133,19 @@ def test_a_tx_whose_block_ended_is_refused(db, dump):
     before = dump()
     with pytest.raises(labkit.BadArgument, match="db_or_tx"):
         run_once(tx, "k", lambda t: 1)
+    assert dump() == before
+
+
+def test_given_a_database_the_effect_gets_an_unfenced_tx_that_dies_with_the_call(db, dump):
+    """run_once(db) hands the effect a tx with no job; kept past the call it can write nothing."""
+    kept = []
+    run_once(db, "k", lambda tx: kept.append(tx) or tx.job)
+    [tx] = kept
+    assert (tx.job, tx.live) == (None, False)
+    before = dump()
+    with transaction(db):
+        with pytest.raises(labkit.BadArgument):
+            tx.execute("INSERT INTO invoices VALUES ('job', 'INV-9', 1, 0)")
     assert dump() == before
 
 

@@ -156,6 +156,25 @@ def test_produce_is_fenced_and_all_or_nothing(db, claims):
     assert claims.get("invoice-run").progress == 0
 
 
+def test_checkpoint_refuses_a_tx_of_another_database_or_one_that_ended(db, claims, tmp_path):
+    """A checkpoint joined to a guard on another database, or to a guard that has ended, is refused by name."""
+    claims.enqueue("invoice-run")
+    b = claims.claim("invoice-run", "B", 8)
+    other = labkit.connect(str(tmp_path / "other.db"))
+    try:
+        with Fence(other, "invoice-run").guard(8) as foreign:
+            with pytest.raises(BadArgument, match="another database") as caught:
+                claims.checkpoint(b, 1, tx=foreign)
+            assert caught.value.argument == "tx"
+    finally:
+        other.conn.close()
+    with Fence(db, "invoice-run").guard(8) as ended:
+        pass
+    with pytest.raises(BadArgument, match="ended"):
+        claims.checkpoint(b, 1, tx=ended)
+    assert claims.get("invoice-run").progress == 0
+
+
 def test_operation_key_is_stable():
     """The same job and unit give the same key on every retry."""
     assert operation_key("invoice-run", "c2") == operation_key("invoice-run", "c2") == "invoice-run/c2"
