@@ -36,7 +36,7 @@ def grid(knobs):
 
 def test_every_scenario_is_swept():
     """The sweep covers every scenario of lessons 01-03 (and fails loudly if one is added unswept)."""
-    mine = {name for name, f in SCENARIOS.items() if f.__module__ == "labkit.scenarios"}
+    mine = {name for name, f in SCENARIOS.items() if f.__module__ == "labkit.scenarios_fencing"}
     assert mine == set(SWEEPS)
 
 

@@ -202,7 +202,7 @@ def test_generator_processes_are_plain_simpy(sim):
     assert isinstance(sim.env, simpy.Environment) and isinstance(process, simpy.Process)
 
 
-@pytest.mark.parametrize("module", ["sim", "worker", "knobs", "verdict", "scenarios"])
+@pytest.mark.parametrize("module", ["sim", "worker", "knobs", "verdict", "scenarios", "scenarios_fencing"])
 def test_docstring_examples_hold(module):
     """Every example in the engine's and lessons 01-03's docstrings runs and prints what it shows."""
     import doctest
