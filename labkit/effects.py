@@ -21,12 +21,12 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from .clock import Clock, check_seconds
-from .db import check_name, execute, transaction
+from .clock import Clock, check_seconds, read_clock
+from .db import check_name, execute, rowcount, transaction
 from .errors import BadArgument, BadArgumentType, KeyReused
 from .fence import Fence, Tx, check_tx, show, token
+from .idempotency import canonical
 
 __all__ = ["FencedFileStore", "EmailProvider", "PaymentProvider", "Delivery", "Outbox",
            "Reconciliation", "ETagStore"]
@@ -48,13 +48,6 @@ def _bytes(data, argument: str = "data") -> bytes:
     if not isinstance(data, (bytes, bytearray)):
         raise BadArgumentType(argument, f"must be bytes, got {type(data).__name__}")
     return bytes(data)
-
-
-def _canonical(payload: Any) -> str:
-    try:
-        return json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise BadArgument("payload", f"must be JSON-serialisable: {exc}") from None
 
 
 class FencedFileStore:
@@ -173,29 +166,38 @@ class _Provider:
     def deliver(self, payload: dict, *, idempotency_key: str | None = None) -> Delivery:
         """Carry out the effect once per key (while the key is remembered); no key: every time.
 
+        With a key, one ``INSERT ... ON CONFLICT DO NOTHING`` into the key table
+        decides: a row inserted means this call is the first (the record follows
+        in the same transaction); none means the key is known, and the stored
+        record is replayed.
+
         Raises:
             KeyReused: the key is known with a different payload. Nothing happened.
         """
-        offered, now = _canonical(payload), self.clock.now()
+        offered = canonical(payload, "payload")
+        key = None if idempotency_key is None else check_name(idempotency_key, "idempotency_key")
+        now = read_clock(self.clock)
         with transaction(self.db):
-            if idempotency_key is not None:
-                key = check_name(idempotency_key, "idempotency_key")
+            if key is not None:
                 if self.key_ttl is not None:       # the provider forgets keys after key_ttl
                     execute(self.db, "DELETE FROM provider_keys WHERE kind = ? AND key = ? "
                                      "AND created_at + ? <= ?", (self.kind, key, self.key_ttl, now))
-                known = execute(self.db, """
-                    SELECT r.id, r.payload FROM provider_keys k JOIN provider_records r ON r.id = k.record
-                    WHERE k.kind = ? AND k.key = ?""", (self.kind, key))
-                if known:
-                    if known[0][1] != offered:
-                        raise KeyReused(key, known[0][1], offered)
-                    return Delivery(known[0][0], True)
+                first = rowcount(self.db, "INSERT INTO provider_keys(kind, key, record, created_at) "
+                                          "VALUES (?, ?, 0, ?) ON CONFLICT(kind, key) DO NOTHING",
+                                 (self.kind, key, now))
+                if not first:
+                    [(known, stored)] = execute(self.db, """
+                        SELECT r.id, r.payload FROM provider_keys k JOIN provider_records r ON r.id = k.record
+                        WHERE k.kind = ? AND k.key = ?""", (self.kind, key))
+                    if stored != offered:
+                        raise KeyReused(key, stored, offered)
+                    return Delivery(known, True)
             record = execute(self.db, "INSERT INTO provider_records(kind, idempotency_key, payload, "
                                       "created_at) VALUES (?, ?, ?, ?) RETURNING id",
-                             (self.kind, idempotency_key, offered, now))[0][0]
-            if idempotency_key is not None:
-                execute(self.db, "INSERT INTO provider_keys VALUES (?, ?, ?, ?)",
-                        (self.kind, idempotency_key, record, now))
+                             (self.kind, key, offered, now))[0][0]
+            if key is not None:
+                execute(self.db, "UPDATE provider_keys SET record = ? WHERE kind = ? AND key = ?",
+                        (record, self.kind, key))
         return Delivery(record, False)
 
     def records(self) -> list[dict]:
@@ -311,7 +313,7 @@ class Outbox:
         check_tx(tx, self.db, self.job)
         rows = tx.execute("INSERT INTO outbox(key, kind, payload, epoch, generation, state, created_at) "
                           "VALUES (?, ?, ?, ?, ?, 'pending', ?) ON CONFLICT(key) DO NOTHING RETURNING key",
-                          (check_name(key, "key"), check_name(kind, "kind"), _canonical(payload),
+                          (check_name(key, "key"), check_name(kind, "kind"), canonical(payload, "payload"),
                            *tx.token, self.clock.now()))
         return bool(rows)
 

@@ -19,7 +19,16 @@ from .fence import Tx, unfenced
 __all__ = ["run_once"]
 
 
-def _canonical(value: Any, argument: str) -> str:
+def canonical(value: Any, argument: str) -> str:
+    """``value`` as canonical JSON (sorted keys, no spaces, no NaN): how payloads are compared.
+
+    Raises:
+        BadArgument: ``value`` is not JSON-serialisable, naming ``argument``.
+
+    Example:
+        >>> canonical({"b": 1, "a": [1, 2]}, "payload")
+        '{"a":[1,2],"b":1}'
+    """
     try:
         return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -63,7 +72,7 @@ def run_once(db_or_tx, key: str, effect: Callable[[Tx], Any], *, payload: Any = 
     key = check_name(key, "key")
     if not callable(effect):
         raise BadArgumentType("effect", f"must be callable, got {type(effect).__name__}")
-    offered = _canonical(payload, "payload")
+    offered = canonical(payload, "payload")
     if isinstance(db_or_tx, Tx):
         if not db_or_tx.live:
             raise BadArgument("db_or_tx", "this tx's transaction has ended; call run_once inside the with block")
@@ -79,7 +88,7 @@ def _in_savepoint(tx: Tx, key: str, effect, offered: str) -> Any:
         won = rowcount(tx.conn, "INSERT INTO idempotency_keys(key, payload, result) "
                                 "VALUES (?, ?, NULL) ON CONFLICT(key) DO NOTHING", (key, offered))
         if won == 1:
-            result_json = _canonical(effect(tx), "effect")
+            result_json = canonical(effect(tx), "effect")
             execute(tx.conn, "UPDATE idempotency_keys SET result = ? WHERE key = ?",
                     (result_json, key))
             result = json.loads(result_json)  # the same value a repeat will return
