@@ -60,8 +60,9 @@ from dataclasses import dataclass, field
 from .db import execute
 from .errors import BadArgument
 from .history import check
-from .live import Team, draw, png
+from .live import draw, png
 from .procs import IN_TX, WORKING
+from .team import Team
 
 __all__ = ["Action", "schedule", "fingerprint", "Report", "run", "main"]
 

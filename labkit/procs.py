@@ -35,7 +35,7 @@ stopped worker whose phase is ``IN_TX`` certainly holds the write lock.
 
 Real time is used here on purpose (``RealClock``, ``time.sleep``, one seeded
 ``random.Random`` per process). The parent side (start, freeze, thaw, kill,
-restart, read the history) is :class:`labkit.live.Team`.
+restart, read the history) is :class:`labkit.team.Team`.
 """
 
 from __future__ import annotations
