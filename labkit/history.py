@@ -20,8 +20,12 @@ Vocabulary (``action`` / ``outcome``):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping
+
+from .errors import BadArgument, BadArgumentType, LabkitError
+from .fence import token
 
 __all__ = ["Event", "Violation", "check", "EFFECTS", "VIOLATION_KINDS"]
 
@@ -71,18 +75,49 @@ class Violation:
 
 
 def _order(generation) -> tuple[int, int]:
-    if isinstance(generation, (tuple, list)):
-        return int(generation[0]), int(generation[1])
-    return 0, int(generation)
+    return token(generation)
+
+
+def _checked(history: Iterable[Event]) -> list[Event]:
+    """The events in time order, each checked: a finite time, and a token or None as generation."""
+    if isinstance(history, (str, bytes, Mapping)) or not hasattr(history, "__iter__"):
+        raise BadArgumentType("history", f"must be an iterable of Event, got {type(history).__name__}")
+    events = list(history)
+    for i, e in enumerate(events):
+        if not isinstance(e, Event):
+            raise BadArgumentType("history", f"event {i} must be an Event, got {type(e).__name__}")
+        if isinstance(e.time, bool) or not isinstance(e.time, (int, float)) or not math.isfinite(e.time):
+            raise BadArgument("history", f"event {i} ({e.worker} {e.action}) has time {e.time!r}, "
+                                         "not a finite number")
+        if e.generation is not None:
+            try:
+                token(e.generation)
+            except LabkitError:
+                raise BadArgument("history", f"event {i} ({e.worker} {e.action}) has generation "
+                                             f"{e.generation!r}, not an int or an (epoch, counter) pair") from None
+    return sorted(events, key=lambda e: e.time)
 
 
 def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -> list[Violation]:
     """Return every safety violation in ``history`` (empty for a clean history).
 
+    One history is the story of ONE fenced job and ONE lease: every caller
+    (scenarios, the chaos run, the live demo, the graders) records one job's
+    writes and one lease name's grants. The checker relies on that: it keeps a
+    single highest committed token for all effects, and one lease expiry per
+    worker. To judge two jobs, check their histories separately.
+
     Args:
-        history: events in the order they happened.
+        history: events in the order they happened (sorted by ``time``, stable).
         final: optionally, the committed state at the end, ``{target: generation}``;
-            a target whose last committed write is not what the table holds was lost.
+            a target whose last committed write is not what the table holds (or
+            that is missing or None there) was lost.
+
+    Raises:
+        BadArgumentType: ``history`` is not an iterable of :class:`Event`.
+        BadArgument: an event's time is not a finite number or its generation is
+            neither None, an int nor an ``(epoch, counter)`` pair (naming
+            ``history``); a value of ``final`` is not such a token (naming ``final``).
 
     Checks:
         stale_accepted: an effect committed with a token below one already committed.
@@ -95,7 +130,23 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
             (an ``ok`` read, raise or effect). A commit that the successor waited for
             (e.g. on the write lock) is ordered before it and is not flagged.
         foreign_release: a release or renewal that succeeded for a worker not holding the lease.
+
+    Example:
+        >>> check([Event(0, "B", "write", "ok", 8, target="INV-1"),
+        ...        Event(1, "A", "write", "ok", 7, target="INV-2")])[0].kind
+        'stale_accepted'
     """
+    events = _checked(history)
+    if final is not None:
+        if not isinstance(final, Mapping):
+            raise BadArgumentType("final", f"must be a mapping {{target: generation}}, got {type(final).__name__}")
+        for target, value in final.items():
+            if value is not None:
+                try:
+                    token(value)
+                except LabkitError:
+                    raise BadArgument("final", f"{target!r} holds {value!r}, not an int or an "
+                                               "(epoch, counter) pair") from None
     found: list[Violation] = []
     highest = None            # highest committed token so far
     last_write: dict[str, Event] = {}
@@ -110,7 +161,7 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
     def flag(kind: str, event: Event, message: str) -> None:
         found.append(Violation(kind, event, message))
 
-    for i, e in enumerate(sorted(history, key=lambda e: e.time)):
+    for i, e in enumerate(events):
         position[id(e)] = i
         if e.outcome != "ok":
             continue
@@ -163,7 +214,7 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
                                               f"after its lease expired at t={expiry[e.worker]:g}")
     if final is not None:
         for target, e in last_write.items():
-            if target not in final or _order(final[target]) != _order(e.generation):
+            if final.get(target) is None or _order(final[target]) != _order(e.generation):
                 flag("lost_update", e, f"{target}: committed by {e.worker} with generation "
                                        f"{e.generation}, but the table holds {final.get(target)}")
     return found

@@ -2,7 +2,7 @@
 
 import pytest
 
-from labkit import LeaseAuthority, connect
+from labkit import BadArgument, BadArgumentType, LeaseAuthority, connect
 from labkit.db import execute, transaction
 from labkit.history import VIOLATION_KINDS, Event, Violation, check
 from labkit.scenarios import SCENARIOS
@@ -173,3 +173,39 @@ def test_checker_sorts_by_time_and_keeps_order_of_ties():
     """Events given out of time order are checked in time order (ties keep their given order)."""
     shuffled = list(reversed(BAD["stale_accepted"]))
     assert kinds(shuffled) == ["stale_accepted"]
+
+
+@pytest.mark.parametrize("history, error", [
+    ([E(None, "A", "write", "ok", 7, target="INV-1")], BadArgument),
+    ([E(float("nan"), "A", "write", "ok", 7, target="INV-1")], BadArgument),
+    ([E("1", "A", "write", "ok", 7, target="INV-1")], BadArgument),
+    ([E(1, "A", "write", "ok", (7,), target="INV-1")], BadArgument),
+    ([E(1, "A", "write", "ok", (1, 2, 3), target="INV-1")], BadArgument),
+    ([E(1, "A", "write", "ok", "7", target="INV-1")], BadArgument),
+    ([E(1, "A", "write", "ok", 7.5, target="INV-1")], BadArgument),
+    ([E(1, "A", "acquire", "ok", True, target=LEASE)], BadArgument),
+    ([("A", "write")], BadArgumentType),
+    (E(1, "A", "write", "ok", 7), BadArgumentType),
+], ids=["time-None", "time-NaN", "time-str", "pair-of-1", "triple", "str", "float", "bool",
+        "not-an-event", "one-event"])
+def test_a_malformed_history_is_refused_naming_history(history, error):
+    """An event with no finite time or a generation that is not a token is refused as BadArgument(history)."""
+    with pytest.raises(error) as caught:
+        check(history)
+    assert caught.value.argument == "history"
+
+
+@pytest.mark.parametrize("final", [{"INV-1": "8"}, {"INV-1": (8,)}, {"INV-1": 8.0}, [("INV-1", 8)]])
+def test_final_values_that_are_not_tokens_are_refused_naming_final(final):
+    """The final table must map targets to tokens (or None for a missing row)."""
+    with pytest.raises((BadArgument, BadArgumentType)) as caught:
+        check(HANDOVER, final=final)
+    assert caught.value.argument == "final"
+
+
+def test_an_epoch_pair_and_a_missing_final_row_are_judged_not_refused():
+    """(epoch, counter) tokens and lists from JSON journals order as pairs; a None final row is a lost update."""
+    history = [E(1, "B", "write", "ok", [1, 1], target="INV-1"), E(2, "A", "write", "ok", 9, target="INV-1")]
+    assert kinds(history) == ["stale_accepted", "lost_update"]
+    assert kinds(history[:1], final={"INV-1": (1, 1)}) == []
+    assert kinds(history[:1], final={"INV-1": None}) == ["lost_update"]
