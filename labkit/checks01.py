@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-import random
+from random import Random
 
 from .grading import Schedule, expect, schedules, task
 from .history import Event
@@ -18,7 +18,7 @@ from .history import Event
 
 # ---------------------------------------------------------------- 01.1: lost updates in a history
 
-def _story(rng: random.Random, story: str) -> tuple[list, list]:
+def _story(rng: Random, story: str) -> tuple[list, list]:
     """A recorded history and, known by construction, the writes whose work was lost."""
     events, lost, last, clock = [], [], {}, [rng.choice([0.0, 100.0, 3600.0])]
 
@@ -98,7 +98,7 @@ def lost_updates_check(answer, schedule: Schedule, history: list) -> None:
 
 # ---------------------------------------------------------------- 01.2: predicting the overwrite
 
-def _overwrite_knobs(rng: random.Random) -> dict:
+def _overwrite_knobs(rng: Random) -> dict:
     ttl = rng.choice([0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 45.25, 60.0, 90.0])
     offset = rng.choice([-7.0, -1.0, -0.25, 0.0, 0.5, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 4.0, 20.0, 45.0])
     return {"pause": max(0.0, ttl + offset), "ttl": ttl}

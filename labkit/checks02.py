@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-import random
+from random import Random
 
 from .checks_lab import busy, call, shown
 from .checks_writers import FENCED_HOSTILE, JOB, OTHER, fenced_trial, generation_of, lab
@@ -136,7 +136,7 @@ class _Charger:
         self.solo("B", req)
 
 
-def _key(rng: random.Random, n: int) -> str:
+def _key(rng: Random, n: int) -> str:
     return f"bill/INV-{n}/{rng.randrange(16 ** 6):06x}"
 
 

@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-import random
+from random import Random
 import shutil
 
 from .checks_lab import between_statements, call, scratch, shown
@@ -25,7 +25,7 @@ from .history import Event
 
 # ---------------------------------------------------------------- 04.1: an issuer that never goes backward
 
-def _issue_knobs(rng: random.Random) -> dict:
+def _issue_knobs(rng: Random) -> dict:
     ops = []
     for _ in range(rng.randint(2, 5)):
         ops += ["issue"] * rng.randint(1, 4) + [rng.choice(["failover", "failover", "restore", "elsewhere"])]
@@ -117,7 +117,7 @@ _TOLD = {"expired": "expired a while ago", "boundary": "expires exactly at now",
 _TARGETS = {"renew": ("late",), "reacquire": ("expired", "boundary", "late")}   # whose holder acts
 
 
-def _cleanup_knobs(rng: random.Random) -> dict:
+def _cleanup_knobs(rng: Random) -> dict:
     kinds = [rng.choice(["expired", "boundary", "late", "edge", "live", "released"]) for _ in range(rng.randint(2, 6))]
     race = rng.choice([None, "renew", "renew", "reacquire", "reacquire"])
     if race and not set(_TARGETS[race]) & set(kinds):

@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import math
-import random
+from random import Random
 
 from .checks_lab import scratch
 from .clock import VirtualClock
@@ -26,7 +26,7 @@ def _worst_case(send_time: float, ttl: float, margin: float, max_drift: float) -
     return send_time + ttl * (1 - max_drift) - margin
 
 
-def _deadline_knobs(rng: random.Random) -> dict:
+def _deadline_knobs(rng: Random) -> dict:
     ttl = rng.choice([2.0, 5.0, 10.0, 30.0, 60.0, 120.0]) * rng.uniform(0.5, 1.5)
     return {"send_time": rng.choice([0.0, rng.uniform(0, 100), rng.uniform(1e3, 1e6)]), "ttl": ttl,
             "margin": ttl * rng.uniform(0.02, 0.3), "max_drift": rng.choice([1e-4, 1e-3, 0.01, 0.05, 0.2])}
@@ -186,7 +186,7 @@ class _HolderWorld:
         return self.done < self.k["units"]
 
 
-def _holder_knobs(rng: random.Random) -> dict:
+def _holder_knobs(rng: Random) -> dict:
     ttl = rng.choice([5.0, 10.0, 20.0])
     trouble = rng.random() < 0.7
     pause_at = rng.choice([None, rng.randint(1, 9)]) if trouble else None

@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import math
-import random
+from random import Random, getstate as global_state, seed as seed_global, setstate as restore_global
 
 from .checks_lab import between_statements, scratch
 from .clock import VirtualClock
@@ -22,11 +22,11 @@ from .lease import LeaseAuthority
 
 # ---------------------------------------------------------------- 06.1 release
 
-def _job(rng: random.Random) -> str:
+def _job(rng: Random) -> str:
     return rng.choice(["invoice-run", "report", "nightly", "billing"]) + f"-{rng.randrange(100)}"
 
 
-def _release_knobs(rng: random.Random) -> dict:
+def _release_knobs(rng: Random) -> dict:
     return {"story": rng.choice(["own", "successor", "same_owner_again", "race", "race", "two_names"]),
             "before": rng.randrange(0, 5), "inject_at": rng.randrange(1, 5)}
 
@@ -124,7 +124,7 @@ def _story(story: str, a: str, b: str) -> str:
 
 # ---------------------------------------------------------------- 06.2 backoff
 
-def _backoff_knobs(rng: random.Random) -> dict:
+def _backoff_knobs(rng: Random) -> dict:
     return {"base": rng.choice([0.01, 0.05, 0.1, 0.25, 1.0]) * rng.randint(1, 4),
             "cap": rng.choice([1.0, 5.0, 30.0, 60.0]), "attempts": rng.randint(8, 40)}
 
@@ -150,14 +150,14 @@ def backoff_check(answer, schedule: Schedule, history: list) -> None:
     k = schedule.knobs
     base, cap, attempts = k["base"], k["cap"], k["attempts"]
     seeds = [schedule.seed * 7919 + i for i in range(SAMPLES)]
-    saved = random.getstate()
+    saved = global_state()
     try:
         for attempt in _attempts(base, cap, attempts):
             ceiling = min(cap, base * 2 ** attempt)
-            random.seed(attempt * 31 + 1)
-            first = [answer(attempt, base=base, cap=cap, rng=random.Random(s)) for s in seeds]
-            random.seed(attempt * 31 + 2)
-            again = [answer(attempt, base=base, cap=cap, rng=random.Random(s)) for s in seeds]
+            seed_global(attempt * 31 + 1)
+            first = [answer(attempt, base=base, cap=cap, rng=Random(s)) for s in seeds]
+            seed_global(attempt * 31 + 2)
+            again = [answer(attempt, base=base, cap=cap, rng=Random(s)) for s in seeds]
             if attempt < 6:                     # for the replay: one contender's waits
                 t = history[-1].until if history else 0.0
                 history.append(Event(t, "A", "acquire", "held", target="lease"))
@@ -178,4 +178,4 @@ def backoff_check(answer, schedule: Schedule, history: list) -> None:
                    f"the delays reach up towards min(cap, base * 2**attempt) = {ceiling:g} at attempt {attempt} "
                    "(exponential growth, up to the cap)", f"the largest of {SAMPLES} delays was {high:g}")
     finally:
-        random.setstate(saved)
+        restore_global(saved)

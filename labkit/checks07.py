@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-import random
+from random import Random
 
 from .checks_lab import between_statements, process, scratch
 from .clock import VirtualClock
@@ -21,7 +21,7 @@ from .history import Event
 
 # ---------------------------------------------------------------- 07.1 sweeper
 
-def _sweep_knobs(rng: random.Random) -> dict:
+def _sweep_knobs(rng: Random) -> dict:
     return {"jobs": rng.randint(3, 8), "mover": rng.choice(["checkpoint", "finish", "taken"]),
             "inject_at": rng.randrange(0, 5), "older_than": rng.choice([10.0, 30.0, 60.0])}
 
@@ -138,7 +138,7 @@ def sweep_check(answer, schedule: Schedule, history: list) -> None:
 # ---------------------------------------------------------------- 07.2 resume with operation ids
 
 
-def _resume_knobs(rng: random.Random) -> dict:
+def _resume_knobs(rng: Random) -> dict:
     return {"units": rng.randint(3, 9), "every": rng.choice([2, 3, 4]),
             "dies_after": rng.choice([0, rng.randint(1, 8)]), "statement": rng.randint(1, 40)}
 

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import contextlib
-import random
+from random import Random
 
 from .checks_lab import process, scratch
 from .clock import VirtualClock
@@ -59,7 +59,7 @@ class _FlakyMail:
         return self.send(payload["to"], payload["subject"], payload["body"], idempotency_key=idempotency_key)
 
 
-def _relay_knobs(rng: random.Random) -> dict:
+def _relay_knobs(rng: Random) -> dict:
     n = rng.randint(1, 5)
     return {"intents": n, "sent_before": rng.randint(0, n - 1), "charges": rng.randint(0, 1),
             "fail": {rng.randint(1, n + 1): rng.choice(["before", "after"]) for _ in range(rng.randint(0, 2))},
@@ -177,7 +177,7 @@ PUBLISH_HOSTILE = [
 ]
 
 
-def _publish_knobs(rng: random.Random) -> dict:
+def _publish_knobs(rng: Random) -> dict:
     return {"story": rng.choice(["early", "stale", "redo", "mail_dies", "half"])}
 
 

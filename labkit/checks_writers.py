@@ -14,7 +14,7 @@ is refused (busy timeout 0, the wait made visible) and B tries again after A.
 from __future__ import annotations
 
 import contextlib
-import random
+from random import Random
 import re
 
 from .checks_lab import Tracer, busy, call, is_bool, scratch, shown
@@ -209,7 +209,7 @@ class _Writers:
         self.write("B", job, b_gen, b_inv)      # B's retry, after A's COMMIT
 
 
-def _invoices(rng: random.Random, fresh: list, batch: bool, known: list) -> dict:
+def _invoices(rng: Random, fresh: list, batch: bool, known: list) -> dict:
     count = rng.randint(1, 4) if batch else 1
     out = {}
     while len(out) < count:

@@ -27,7 +27,7 @@ names, then seeded random ones from :func:`schedules`.
 from __future__ import annotations
 
 import importlib
-import random
+from random import Random
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -61,12 +61,12 @@ class Schedule:
     name: str = "random"
 
     @property
-    def rng(self) -> random.Random:
+    def rng(self) -> Random:
         """A fresh ``random.Random`` seeded with ``seed``."""
-        return random.Random(self.seed)
+        return Random(self.seed)
 
 
-def schedules(hostile: Iterable[dict], *, count: int, make: Callable[[random.Random], dict],
+def schedules(hostile: Iterable[dict], *, count: int, make: Callable[[Random], dict],
               base: int = 1000) -> list[Schedule]:
     """Return the hostile schedules (dicts with ``name`` and knobs) then ``count`` random ones.
 
@@ -78,7 +78,7 @@ def schedules(hostile: Iterable[dict], *, count: int, make: Callable[[random.Ran
     """
     out = [Schedule(i, {k: v for k, v in h.items() if k != "name"}, h.get("name", f"hostile {i}"))
            for i, h in enumerate(hostile)]
-    out += [Schedule(s, make(random.Random(s))) for s in range(base, base + count)]
+    out += [Schedule(s, make(Random(s))) for s in range(base, base + count)]
     return out
 
 

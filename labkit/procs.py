@@ -44,12 +44,12 @@ import ctypes
 import json
 import mmap
 import os
-import random
 import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from random import Random
 
 from .clock import RealClock
 from .db import connect, execute, transaction
@@ -58,6 +58,7 @@ from .fence import Fence
 from .history import Event
 from .idempotency import run_once
 from .lease import LeaseAuthority
+from .timing import backoff
 
 __all__ = ["JOB", "IDLE", "LEASED", "WORKING", "IN_TX", "WorkerSpec", "Worker", "Board",
            "Journal", "backoff", "prepare", "read_journals", "die_with_parent", "main"]
@@ -72,18 +73,6 @@ CREATE TABLE IF NOT EXISTS history (
 CREATE TABLE IF NOT EXISTS invoice_lines (
     key TEXT NOT NULL, invoice_id TEXT NOT NULL, amount INTEGER NOT NULL, generation INTEGER NOT NULL)
 """
-
-
-def backoff(attempt: int, *, base: float, cap: float, rng: random.Random) -> float:
-    """Seconds to wait before retry number ``attempt`` (1, 2, ...): exponential backoff with full jitter.
-
-    Returns a uniform draw from ``[0, min(cap, base * 2**(attempt-1))]``.
-
-    Example:
-        >>> 0 <= backoff(3, base=0.01, cap=1.0, rng=random.Random(1)) <= 0.04
-        True
-    """
-    return rng.uniform(0.0, min(cap, base * 2 ** min(max(attempt - 1, 0), 30)))
 
 
 def prepare(path: str) -> None:
@@ -212,7 +201,7 @@ class Worker:
     """One invoice worker, running in its own process (see the module docstring for the loop)."""
 
     def __init__(self, spec: WorkerSpec) -> None:
-        self.spec, self.rng, self.clock = spec, random.Random(spec.seed), RealClock()
+        self.spec, self.rng, self.clock = spec, Random(spec.seed), RealClock()
         self.db = connect(spec.path, busy_timeout_ms=spec.busy_timeout_ms)
         self.leases, self.fence = LeaseAuthority(self.db, self.clock), Fence(self.db, JOB)
         self.board = Board(os.path.join(spec.run_dir, "board"))
@@ -251,7 +240,7 @@ class Worker:
                 self.note(action, "busy", generation, key, target=target)
                 if self.done():
                     raise _Stop() from None
-                time.sleep(backoff(attempt, base=0.01, cap=self.spec.ttl / 2, rng=self.rng))
+                time.sleep(backoff(attempt - 1, base=0.01, cap=self.spec.ttl / 2, rng=self.rng))
 
     def loop(self) -> None:
         """Run rounds until time is up (or forever when ``spec.seconds`` is None)."""
@@ -264,7 +253,7 @@ class Worker:
                 if lease is None:
                     misses += 1
                     self.note("acquire", "held")
-                    time.sleep(backoff(misses, base=0.02, cap=self.spec.ttl / 2, rng=self.rng))
+                    time.sleep(backoff(misses - 1, base=0.02, cap=self.spec.ttl / 2, rng=self.rng))
                     continue
                 misses = 0
                 self.note("acquire", "ok", lease.generation, until=lease.expires_at - self.spec.t0,

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-import random
+from random import Random
 import shutil
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -130,7 +130,7 @@ class Sim:
 
     Attributes:
         env: the ``simpy.Environment`` (or ``simpy.rt.RealtimeEnvironment`` when ``factor`` is given).
-        rng: ``random.Random(seed)``; the only randomness a scenario may use.
+        rng: ``Random(seed)``; the only randomness a scenario may use.
         clock: the authority's :class:`SimClock`.
         authority: the :class:`~labkit.LeaseAuthority` on the ``authority`` database.
         history: the list of :class:`~labkit.history.Event` appended so far.
@@ -158,7 +158,7 @@ class Sim:
         else:
             self.env = simpy.rt.RealtimeEnvironment(factor=check_knob(factor, "factor", positive=True),
                                                     strict=False)
-        self.rng = random.Random(seed)
+        self.rng = Random(seed)
         self.clock = SimClock(self.env)
         self.history: list[Event] = []
         self.workers: dict[str, Worker] = {}

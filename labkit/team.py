@@ -21,7 +21,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -29,6 +28,7 @@ import tempfile
 import threading
 import time
 import uuid
+from random import Random
 import weakref
 from collections import Counter
 from dataclasses import asdict
@@ -39,6 +39,8 @@ from .errors import BadArgument, BadArgumentType, Busy
 from .history import Event, check
 from .lease import LeaseAuthority
 from .procs import IDLE, IN_TX, JOB, Board, Journal, WorkerSpec, prepare, read_journals
+
+_CLOCK = RealClock()  # a team of real processes runs on the machine's monotonic clock
 
 __all__ = ["Team", "proc_state"]
 
@@ -102,7 +104,7 @@ class Team:
         prepare(self.path)
         self.names = [chr(ord("A") + i) for i in range(workers)]
         self.board = Board(os.path.join(self.run_dir, "board"), workers, protected)
-        self.run, self.seed, self.t0 = uuid.uuid4().hex[:12], seed, time.monotonic()
+        self.run, self.seed, self.t0 = uuid.uuid4().hex[:12], seed, _CLOCK.now()
         self.options = dict(ttl=ttl, work=tuple(work), hold=tuple(hold), rest=tuple(rest),
                             invoices=invoices, redeliver=redeliver,
                             busy_timeout_ms=busy_timeout_ms, seconds=seconds)
@@ -120,7 +122,7 @@ class Team:
     # -- time, state ---------------------------------------------------------------
     def now(self) -> float:
         """Seconds since the team was made (the time axis of its history)."""
-        return time.monotonic() - self.t0
+        return _CLOCK.now() - self.t0
 
     @property
     def protected(self) -> bool:
@@ -253,8 +255,8 @@ class Team:
         """Thaw everyone, let workers end on their own (``seconds``) for up to ``timeout``, then stop."""
         for name in list(self._frozen):
             self.thaw(name)
-        deadline = time.monotonic() + timeout
-        while any(self.alive(n) for n in self.procs) and time.monotonic() < deadline:
+        deadline = _CLOCK.now() + timeout
+        while any(self.alive(n) for n in self.procs) and _CLOCK.now() < deadline:
             time.sleep(0.02)
         self.stop()
 
@@ -322,7 +324,7 @@ class Team:
         self.incarnation[name] += 1
         number = self.incarnation[name]
         self.counts["restarts"] += number > 1
-        seed = random.Random(f"{self.seed}/{name}/{number}").randrange(2 ** 32)
+        seed = Random(f"{self.seed}/{name}/{number}").randrange(2 ** 32)
         spec = WorkerSpec(path=self.path, run_dir=self.run_dir, run=self.run, slot=self.names.index(name),
                           name=name, incarnation=number, seed=seed, t0=self.t0, parent=os.getpid(),
                           **self.options)
