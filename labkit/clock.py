@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 
 from .errors import BadArgument, BadArgumentType
 
-__all__ = ["Clock", "VirtualClock", "RealClock"]
+__all__ = ["Clock", "VirtualClock", "RealClock", "check_clock", "read_clock"]
 
 
 @runtime_checkable
@@ -45,13 +45,37 @@ def check_seconds(value, argument: str, *, allow_zero: bool = True) -> float:
     return seconds
 
 
+def check_clock(clock, argument: str = "clock") -> Clock:
+    """Return ``clock`` if it has a callable ``now()``, else raise naming ``argument``.
+
+    Raises:
+        BadArgumentType: ``clock`` has no ``now()`` method (None, a str, the
+            unbound ``VirtualClock.now``, ...).
+
+    Example:
+        >>> check_clock(VirtualClock())
+        VirtualClock(now=0)
+    """
+    if not callable(getattr(clock, "now", None)) or isinstance(clock, type):
+        raise BadArgumentType(argument, f"must have now(), got {type(clock).__name__}")
+    return clock
+
+
 def read_clock(clock, argument: str = "clock") -> float:
-    """Return ``clock.now()``, refusing a reading that is not a finite number.
+    """Return ``clock.now()``, refusing a clock without ``now()`` or a reading that is not a finite number.
 
     A clock that answers NaN or None would make every expiry comparison false,
     so a held lease would look free; labkit stops before writing anything.
+
+    Raises:
+        BadArgumentType: ``clock`` has no ``now()``. BadArgument: the reading
+            is not a finite number. Both name ``argument``.
+
+    Example:
+        >>> read_clock(VirtualClock(3))
+        3.0
     """
-    value = clock.now()
+    value = check_clock(clock, argument).now()
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise BadArgument(argument, f"now() must return a finite number, got {value!r}")
     return float(value)

@@ -171,9 +171,6 @@ def check_db(db, argument: str = "db") -> sqlite3.Connection:
     return conn
 
 
-_conn = check_db
-
-
 def _stale(conn: sqlite3.Connection, params: Any) -> StaleGeneration:
     """The trigger refused a row: say what we can know about it, read back now."""
     job = offered = current = None
@@ -247,7 +244,7 @@ def rowcount(db, sql: str, params: Any = ()) -> int:
 
 
 def _run(db, sql: str, params: Any) -> tuple[list[tuple], int]:
-    conn = _conn(db)
+    conn = check_db(db)
     if not isinstance(sql, str):
         raise BadArgumentType("sql", f"must be a str, got {type(sql).__name__}")
     try:
@@ -288,7 +285,7 @@ def transaction(db) -> Iterator[sqlite3.Connection]:
         >>> execute(db, "SELECT job_id, generation FROM job_fence")
         [('job', 0)]
     """
-    conn = _conn(db)
+    conn = check_db(db)
     if _in_transaction(conn):
         raise BadArgument("db", "a transaction is already open on this connection")
     execute(conn, "BEGIN IMMEDIATE")
@@ -315,7 +312,7 @@ def in_transaction(db) -> bool:
     Raises:
         BadArgument: the connection is closed.
     """
-    return _in_transaction(_conn(db))
+    return _in_transaction(check_db(db))
 
 
 def _in_transaction(conn: sqlite3.Connection) -> bool:

@@ -22,8 +22,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .clock import Clock, check_seconds, read_clock
-from .db import check_name, execute, rowcount, transaction
+from .clock import Clock, check_clock, check_seconds, read_clock
+from .db import check_int, check_name, execute, rowcount, transaction
 from .errors import BadArgument, BadArgumentType, KeyReused
 from .fence import Fence, Tx, check_tx, show, token
 from .idempotency import canonical
@@ -36,12 +36,6 @@ def _ensure(db, table: str, ddl: str) -> None:
     if not execute(db, "SELECT 1 FROM sqlite_master WHERE name = ?", (table,)):
         with transaction(db):
             execute(db, ddl)
-
-
-def _clock(clock) -> Clock:
-    if not callable(getattr(clock, "now", None)):
-        raise BadArgumentType("clock", f"must have now(), got {type(clock).__name__}")
-    return clock
 
 
 def _bytes(data, argument: str = "data") -> bytes:
@@ -68,8 +62,10 @@ class FencedFileStore:
     """
 
     def __init__(self, db, directory, job: str) -> None:
+        if not isinstance(directory, (str, os.PathLike)):
+            raise BadArgumentType("directory", f"must be a path, got {type(directory).__name__}")
+        self.directory = Path(check_name(os.fspath(directory), "directory"))
         self.db, self.fence = db, Fence(db, job)
-        self.directory = Path(os.fspath(directory))
         (self.directory / "blobs").mkdir(parents=True, exist_ok=True)
         _ensure(db, "files", """CREATE TABLE files (
             name TEXT PRIMARY KEY, epoch INTEGER NOT NULL, generation INTEGER NOT NULL,
@@ -154,7 +150,7 @@ class _Provider:
     kind = "effect"
 
     def __init__(self, db, clock: Clock, *, key_ttl: float | None = None) -> None:
-        self.db, self.clock = db, _clock(clock)
+        self.db, self.clock = db, check_clock(clock)
         self.key_ttl = None if key_ttl is None else check_seconds(key_ttl, "key_ttl", allow_zero=False)
         _ensure(db, "provider_records", """CREATE TABLE provider_records (
             id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, idempotency_key TEXT,
@@ -248,9 +244,13 @@ class PaymentProvider(_Provider):
     kind = "charge"
 
     def charge(self, account: str, amount: int, *, idempotency_key: str | None = None) -> Delivery:
-        """Charge ``amount`` to ``account`` once per key (while the key is remembered)."""
-        if isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0:
-            raise BadArgument("amount", f"must be a positive int (cents), got {amount!r}")
+        """Charge ``amount`` to ``account`` once per key (while the key is remembered).
+
+        Raises:
+            BadArgumentType: ``amount`` is not an int (cents). BadArgument: it is not positive.
+        """
+        if check_int(amount, "amount") == 0:
+            raise BadArgument("amount", "must be a positive int (cents), got 0")
         return self.deliver({"account": check_name(account, "account"), "amount": amount},
                             idempotency_key=idempotency_key)
 
@@ -291,7 +291,7 @@ class Outbox:
     """
 
     def __init__(self, db, clock: Clock, *, job: str | None = None) -> None:
-        self.db, self.clock = db, _clock(clock)
+        self.db, self.clock = db, check_clock(clock)
         self.job = None if job is None else check_name(job, "job")
         _ensure(db, "outbox", """CREATE TABLE outbox (
             key TEXT PRIMARY KEY, kind TEXT NOT NULL, payload TEXT NOT NULL,
@@ -314,11 +314,13 @@ class Outbox:
         rows = tx.execute("INSERT INTO outbox(key, kind, payload, epoch, generation, state, created_at) "
                           "VALUES (?, ?, ?, ?, ?, 'pending', ?) ON CONFLICT(key) DO NOTHING RETURNING key",
                           (check_name(key, "key"), check_name(kind, "kind"), canonical(payload, "payload"),
-                           *tx.token, self.clock.now()))
+                           *tx.token, read_clock(self.clock)))
         return bool(rows)
 
     def pending(self, kind: str | None = None) -> list[tuple[str, str, dict, int]]:
-        """Pending rows, oldest first, as ``(key, kind, payload, generation)``."""
+        """Pending rows (of ``kind``, if given), oldest first, as ``(key, kind, payload, generation)``."""
+        if kind is not None:
+            check_name(kind, "kind")
         rows = execute(self.db, "SELECT key, kind, payload, generation FROM outbox WHERE state = 'pending' "
                                 "AND (? IS NULL OR kind = ?) ORDER BY created_at, key", (kind, kind))
         return [(k, kd, json.loads(p), g) for k, kd, p, g in rows]
@@ -329,10 +331,12 @@ class Outbox:
 
     def mark_sent(self, key: str, provider_id: int) -> bool:
         """Mark ``key`` sent (one conditional UPDATE on a pending row); False if it was not pending."""
+        key, provider_id = check_name(key, "key"), check_int(provider_id, "provider_id")
+        now = read_clock(self.clock)
         with transaction(self.db):
             return bool(execute(self.db, "UPDATE outbox SET state = 'sent', provider_id = ?, sent_at = ? "
                                          "WHERE key = ? AND state = 'pending' RETURNING key",
-                                (provider_id, self.clock.now(), key)))
+                                (provider_id, now, key)))
 
     def relay(self, provider: _Provider) -> list[str]:
         """Send every pending row of ``provider.kind`` and mark it; return the keys marked now.

@@ -20,7 +20,6 @@ from .errors import BadArgument, BadArgumentType, LabkitError, StaleGeneration
 
 __all__ = ["Fence", "Tx", "token", "unfenced", "check_tx"]
 
-_int = check_int
 _OWN_TABLES = {"job_fence", "lease_counter", "leases", "idempotency_keys", "labkit_protected"}
 
 # The triggers of Fence.protect. Only quoted identifiers are formatted in (a
@@ -63,8 +62,8 @@ def token(generation: Any, argument: str = "generation") -> tuple[int, int]:
     if isinstance(generation, (tuple, list)):
         if len(generation) != 2:
             raise BadArgument(argument, f"must be an int or an (epoch, counter) pair, got {generation!r}")
-        return _int(generation[0], argument), _int(generation[1], argument)
-    return 0, _int(generation, argument)
+        return check_int(generation[0], argument), check_int(generation[1], argument)
+    return 0, check_int(generation, argument)
 
 
 def show(pair: tuple[int, int]) -> int | tuple[int, int]:

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import sqlite3
 
-from .clock import Clock, check_seconds
-from .db import check_name, connect, execute, transaction
+from .clock import Clock, check_clock, check_seconds, read_clock
+from .db import check_db, check_int, check_name, connect, execute, transaction
 from .errors import BadArgument, BadArgumentType, LabkitError
 from .fence import show, token
 
@@ -51,14 +51,6 @@ def _ensure(db) -> None:
         with transaction(db):
             for statement in _ISSUER_SCHEMA:
                 execute(db, statement)
-
-
-def _int(value, argument: str, *, low: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadArgumentType(argument, f"must be an int, got {type(value).__name__}")
-    if not low <= value < 2 ** 63:
-        raise BadArgument(argument, f"must be in {low} .. 2**63-1, got {value}")
-    return value
 
 
 class DurableCounter:
@@ -96,7 +88,7 @@ class DurableCounter:
 
         Safe only if the result is at least every number ever issued: see :func:`bump_is_safe`.
         """
-        constant = _int(constant, "constant")
+        constant = check_int(constant, "constant")
         with transaction(self.db):
             execute(self.db, "INSERT INTO lease_counter(name, generation) VALUES (?, 0) "
                              "ON CONFLICT(name) DO NOTHING", (self.name,))
@@ -194,7 +186,7 @@ class EpochIssuer:
         The "large constant" recovery: safe only if it clears every token ever
         issued (see :func:`bump_is_safe`). :meth:`start_epoch` needs no such guess.
         """
-        constant = _int(constant, "constant")
+        constant = check_int(constant, "constant")
         with transaction(self.db):
             execute(self.db, "INSERT INTO epoch_counter(name, epoch, counter) VALUES (?, 0, 0) "
                              "ON CONFLICT(name) DO NOTHING", (self.name,))
@@ -241,10 +233,8 @@ class ReplicatedIssuer:
     """
 
     def __init__(self, primary, replica, clock: Clock, name: str, *, lag: float) -> None:
-        if not callable(getattr(clock, "now", None)):
-            raise BadArgumentType("clock", f"must have now(), got {type(clock).__name__}")
-        self.lag = check_seconds(lag, "lag")
-        self.name, self.clock = check_name(name, "name"), clock
+        self.clock, self.lag = check_clock(clock), check_seconds(lag, "lag")
+        self.name = check_name(name, "name")
         if primary is replica:
             raise BadArgument("replica", "must be a different database from the primary")
         self.primary, self.replica = primary, replica
@@ -256,7 +246,7 @@ class ReplicatedIssuer:
         with transaction(self.primary):
             epoch, counter = _issue(self.primary, self.name)
             execute(self.primary, "INSERT INTO repl_log(name, epoch, counter, committed_at) "
-                                  "VALUES (?, ?, ?, ?)", (self.name, epoch, counter, self.clock.now()))
+                                  "VALUES (?, ?, ?, ?)", (self.name, epoch, counter, read_clock(self.clock)))
         return show((epoch, counter))
 
     def replicate(self) -> int:
@@ -267,7 +257,7 @@ class ReplicatedIssuer:
         applied = rows[0][0] if rows else 0
         due = execute(self.primary, "SELECT seq, name, epoch, counter FROM repl_log "
                                     "WHERE seq > ? AND committed_at + ? <= ? ORDER BY seq",
-                      (applied, self.lag, self.clock.now()))
+                      (applied, self.lag, read_clock(self.clock)))
         if not due:
             return 0
         with transaction(self.replica):
@@ -308,13 +298,6 @@ class ReplicatedIssuer:
         return f"ReplicatedIssuer(name={self.name!r}, lag={self.lag:g}, replica={self.replica is not None})"
 
 
-def _raw(db) -> sqlite3.Connection:
-    conn = getattr(db, "conn", db)
-    if not isinstance(conn, sqlite3.Connection):
-        raise BadArgumentType("db", f"must be a labkit database, got {type(db).__name__}")
-    return conn
-
-
 def backup(db, path: str) -> None:
     """Copy the whole database ``db`` into the file ``path`` with SQLite's online backup.
 
@@ -323,7 +306,7 @@ def backup(db, path: str) -> None:
     """
     target = connect(path)
     try:
-        _raw(db).backup(target.conn)
+        check_db(db).backup(target.conn)
     except sqlite3.Error as exc:
         raise LabkitError(f"backup failed: {exc}") from exc
     finally:
@@ -340,7 +323,7 @@ def restore(db, path: str) -> None:
     """
     source = connect(path)
     try:
-        source.conn.backup(_raw(db))
+        source.conn.backup(check_db(db))
     except sqlite3.Error as exc:
         raise LabkitError(f"restore failed: {exc}") from exc
     finally:
@@ -352,10 +335,11 @@ def cleanup_expired(db, clock: Clock, name: str) -> int:
 
     The right cleanup: the next acquire still gets a number above every one issued.
     """
-    name = check_name(name, "name")
+    check_db(db)
+    clock, name = check_clock(clock), check_name(name, "name")
     with transaction(db):
         return len(execute(db, "DELETE FROM leases WHERE name = ? AND expires_at <= ? RETURNING name",
-                           (name, clock.now())))
+                           (name, read_clock(clock))))
 
 
 def naive_cleanup(db, clock: Clock, name: str) -> int:
@@ -364,10 +348,11 @@ def naive_cleanup(db, clock: Clock, name: str) -> int:
     The next acquire starts again at generation 1, which every resource that has
     seen a higher generation rejects, or worse, a resource that was reset too accepts.
     """
-    name = check_name(name, "name")
+    check_db(db)
+    clock, name = check_clock(clock), check_name(name, "name")
     with transaction(db):
         gone = len(execute(db, "DELETE FROM leases WHERE name = ? AND expires_at <= ? RETURNING name",
-                           (name, clock.now())))
+                           (name, read_clock(clock))))
         if not execute(db, "SELECT 1 FROM leases WHERE name = ?", (name,)):
             gone += len(execute(db, "DELETE FROM lease_counter WHERE name = ? RETURNING name", (name,)))
         return gone
@@ -387,5 +372,5 @@ def bump_is_safe(restored, constant: int, highest_issued) -> bool:
         (True, False)
     """
     restored, highest = token(restored, "restored"), token(highest_issued, "highest_issued")
-    constant = _int(constant, "constant")
+    constant = check_int(constant, "constant")
     return (restored[0], restored[1] + constant) >= highest

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import math
 
-from .clock import Clock, check_seconds, read_clock
+from .clock import Clock, check_clock, check_seconds, read_clock
 from .db import check_db, check_int, check_name, execute, rowcount, transaction
 from .errors import BadArgument, BadArgumentType, LeaseHeld, LeaseLost
 
@@ -69,9 +69,7 @@ class LeaseAuthority:
 
     def __init__(self, db, clock: Clock) -> None:
         check_db(db)
-        if not callable(getattr(clock, "now", None)):
-            raise BadArgumentType("clock", f"must have now(), got {type(clock).__name__}")
-        self.db, self.clock = db, clock
+        self.db, self.clock = db, check_clock(clock)
 
     def try_acquire(self, name: str, owner: str, ttl: float) -> Lease | None:
         """Acquire ``name`` for ``owner`` if no unexpired lease exists, else return None.

@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .clock import Clock, check_seconds
-from .db import check_name, execute, transaction
-from .errors import BadArgument, BadArgumentType, LeaseLost
+from .clock import Clock, check_clock, check_seconds, read_clock
+from .db import check_int, check_name, execute, transaction
+from .errors import BadArgumentType, LeaseLost
 from .fence import Fence, Tx, check_tx
 from .idempotency import run_once
 
@@ -78,15 +78,13 @@ class Claims:
     """
 
     def __init__(self, db, clock: Clock) -> None:
-        if not callable(getattr(clock, "now", None)):
-            raise BadArgumentType("clock", f"must have now(), got {type(clock).__name__}")
-        self.db, self.clock = db, clock
+        self.db, self.clock = db, check_clock(clock)
         if not execute(db, "SELECT 1 FROM sqlite_master WHERE name = 'claims'"):
             with transaction(db):
                 execute(db, _SCHEMA)
 
     def _one(self, tx: Tx | None, sql: str, params: dict) -> Claim | None:
-        params = {**params, "now": self.clock.now()}
+        params = {**params, "now": read_clock(self.clock)}
         if tx is not None:
             rows = check_tx(tx, self.db, None, fenced=False).execute(sql, params)
         else:
@@ -104,7 +102,7 @@ class Claims:
     def claim(self, job: str, owner: str, generation: int) -> Claim | None:
         """Claim ``job`` for ``owner`` if it is queued; return the claim or None. Progress is kept."""
         job, owner = check_name(job, "job"), check_name(owner, "owner")
-        generation = _count(generation, "generation")
+        generation = check_int(generation, "generation")
         return self._one(None, f"""
             UPDATE claims SET owner = :owner, generation = :generation, state = 'claimed',
                 updated_at = :now, version = version + 1
@@ -118,7 +116,7 @@ class Claims:
             LeaseLost: the claim was requeued, finished or taken by someone else.
             BadArgument: ``tx``'s block has ended, or it runs on another connection.
         """
-        return self._mine(claim, "progress = :progress", {"progress": _count(progress, "progress")}, tx)
+        return self._mine(claim, "progress = :progress", {"progress": check_int(progress, "progress")}, tx)
 
     def finish(self, claim: Claim, *, tx: Tx | None = None) -> Claim:
         """Mark the job done, if ``claim``'s owner still holds it.
@@ -147,7 +145,7 @@ class Claims:
 
     def stale(self, older_than: float) -> list[Claim]:
         """Unfinished claims not changed for at least ``older_than`` seconds (a read)."""
-        cutoff = self.clock.now() - check_seconds(older_than, "older_than")
+        cutoff = read_clock(self.clock) - check_seconds(older_than, "older_than")
         rows = execute(self.db, f"SELECT {_COLUMNS} FROM claims WHERE state = 'claimed' "
                                 "AND updated_at <= ? ORDER BY job", (cutoff,))
         return [Claim(*r) for r in rows]
@@ -174,14 +172,6 @@ class Claims:
         return f"Claims(clock={self.clock!r})"
 
 
-def _count(value, argument: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadArgumentType(argument, f"must be an int, got {type(value).__name__}")
-    if not 0 <= value < 2 ** 63:
-        raise BadArgument(argument, f"must be in 0 .. 2**63-1, got {value}")
-    return value
-
-
 def produce(fence: Fence, claim: Claim, unit: str, amount: int, *, claims: Claims | None = None,
             progress: int | None = None) -> bool:
     """Produce the invoice of ``unit`` for ``claim`` once: fenced, keyed, optionally checkpointed.
@@ -198,8 +188,17 @@ def produce(fence: Fence, claim: Claim, unit: str, amount: int, *, claims: Claim
     Raises:
         StaleGeneration: a newer generation raised the fence; nothing written.
         LeaseLost: the checkpoint found the claim moved on; nothing written.
+        BadArgument, BadArgumentType: a bad argument, named (nothing written).
     """
-    unit = check_name(unit, "unit")
+    if not isinstance(fence, Fence):
+        raise BadArgumentType("fence", f"must be a Fence, got {type(fence).__name__}")
+    if not isinstance(claim, Claim):
+        raise BadArgumentType("claim", f"must be a Claim, got {type(claim).__name__}")
+    unit, amount = check_name(unit, "unit"), check_int(amount, "amount")
+    if claims is not None and not isinstance(claims, Claims):
+        raise BadArgumentType("claims", f"must be Claims or None, got {type(claims).__name__}")
+    if progress is not None:
+        progress = check_int(progress, "progress")
     produced = []
 
     def effect(tx: Tx) -> str:

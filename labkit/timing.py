@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .clock import Clock, check_seconds
+from .clock import Clock, check_clock, check_seconds, read_clock
 from .db import check_name, execute, transaction
 from .errors import BadArgument, BadArgumentType, Busy, LeaseLost
 from .lease import Lease, LeaseAuthority
@@ -32,12 +32,6 @@ def _finite(value, argument: str) -> float:
     if not math.isfinite(value):
         raise BadArgument(argument, f"must be finite, got {value!r}")
     return float(value)
-
-
-def _clock(clock) -> Clock:
-    if not callable(getattr(clock, "now", None)):
-        raise BadArgumentType("clock", f"must have now(), got {type(clock).__name__}")
-    return clock
 
 
 def conservative_deadline(send_time: float, ttl: float, margin: float, max_drift: float) -> float:
@@ -105,13 +99,13 @@ class LeaseKeeper:
         self.name, self.owner = check_name(name, "name"), check_name(owner, "owner")
         conservative_deadline(0.0, ttl, margin, max_drift)          # validates all three
         self.ttl, self.margin, self.max_drift = float(ttl), float(margin), float(max_drift)
-        self.authority, self.clock = authority, _clock(clock)
+        self.authority, self.clock = authority, check_clock(clock)
         self.lease: Lease | None = None
         self.deadline = -math.inf
 
     def acquire(self) -> Lease | None:
         """Try to acquire; on success set the deadline from this request's send time."""
-        sent = self.clock.now()
+        sent = read_clock(self.clock)
         lease = self.authority.try_acquire(self.name, self.owner, self.ttl)
         if lease is not None:
             self.confirm(lease, sent)
@@ -121,7 +115,7 @@ class LeaseKeeper:
         """Renew now; True if confirmed. Refused: the lease is dropped. Busy: deadline unchanged."""
         if self.lease is None:
             return False
-        sent = self.clock.now()
+        sent = read_clock(self.clock)
         try:
             lease = self.authority.renew(self.lease)
         except LeaseLost:
@@ -154,7 +148,7 @@ class LeaseKeeper:
 
     def may_act(self) -> bool:
         """True while a lease is held and the holder's clock is before the deadline."""
-        return self.lease is not None and self.clock.now() < self.deadline
+        return self.lease is not None and read_clock(self.clock) < self.deadline
 
     def check(self) -> Lease:
         """Return the lease if protected work may start now, else raise.
@@ -258,7 +252,7 @@ class VersionLease:
     """
 
     def __init__(self, db, clock: Clock) -> None:
-        self.db, self.clock = db, _clock(clock)
+        self.db, self.clock = db, check_clock(clock)
         if not execute(db, "SELECT 1 FROM sqlite_master WHERE name = 'version_leases'"):
             with transaction(db):
                 execute(db, _VERSION_SCHEMA)
@@ -273,11 +267,11 @@ class VersionLease:
                 execute(self.db, "INSERT INTO version_leases VALUES (?, NULL, 0, 0, 0) "
                                  "ON CONFLICT(name) DO NOTHING", (name,))
             return self.observe(name)
-        return Seen(name, *rows[0], seen_at=self.clock.now())
+        return Seen(name, *rows[0], seen_at=read_clock(self.clock))
 
     def waited(self, seen: Seen) -> float:
         """How long (local seconds) the observer has waited since ``seen``."""
-        return self.clock.now() - seen.seen_at
+        return read_clock(self.clock) - seen.seen_at
 
     def ready(self, seen: Seen) -> bool:
         """True if the record was free, or a full stored duration has passed locally since ``seen``."""
@@ -303,26 +297,38 @@ class VersionLease:
                 {"owner": owner, "duration": duration, "name": seen.name, "seen": seen.version})
         if not rows:
             return None
-        return Seen(seen.name, owner, rows[0][0], rows[0][1], duration, self.clock.now())
+        return Seen(seen.name, owner, rows[0][0], rows[0][1], duration, read_clock(self.clock))
 
     def heartbeat(self, mine: Seen) -> Seen | None:
-        """Bump the version if ``mine`` (owner and generation) still holds it; None if not."""
-        return self._update(mine, "version = version + 1", mine.owner)
+        """Bump the version if ``mine`` (owner and generation) still holds it; None if not.
+
+        Raises:
+            BadArgumentType: ``mine`` is not a held :class:`Seen` (nothing written).
+        """
+        return self._update(_mine(mine), "version = version + 1", mine.owner)
 
     def release(self, mine: Seen) -> bool:
-        """Free the record if ``mine`` still holds it (owner and generation match)."""
-        return self._update(mine, "owner = NULL, version = version + 1", None) is not None
+        """Free the record if ``mine`` still holds it (owner and generation match).
+
+        Raises:
+            BadArgumentType: ``mine`` is not a held :class:`Seen` (nothing written).
+        """
+        return self._update(_mine(mine), "owner = NULL, version = version + 1", None) is not None
 
     def _update(self, mine: Seen, assignment: str, owner) -> Seen | None:
-        if not isinstance(mine, Seen) or mine.owner is None:
-            raise BadArgumentType("mine", "must be the Seen returned by claim() or heartbeat()")
         with transaction(self.db):
             rows = execute(self.db, f"UPDATE version_leases SET {assignment} "
                                     "WHERE name = ? AND owner = ? AND generation = ? RETURNING version",
                            (mine.name, mine.owner, mine.generation))
         if not rows:
             return None
-        return Seen(mine.name, owner, mine.generation, rows[0][0], mine.duration, self.clock.now())
+        return Seen(mine.name, owner, mine.generation, rows[0][0], mine.duration, read_clock(self.clock))
 
     def __repr__(self) -> str:
         return f"VersionLease(clock={self.clock!r})"
+
+
+def _mine(mine) -> Seen:
+    if not isinstance(mine, Seen) or mine.owner is None:
+        raise BadArgumentType("mine", f"must be the Seen returned by claim() or heartbeat(), got {mine!r}"[:120])
+    return mine

@@ -20,6 +20,10 @@ import labkit
 from labkit import (BadArgument, BadArgumentType, Busy, Fence, LabkitError, Lease,
                     LeaseAuthority, Tx, VirtualClock, run_once)
 from labkit.db import execute, quote, rowcount, transaction
+from labkit.effects import FencedFileStore, Outbox, PaymentProvider
+from labkit.issuers import cleanup_expired, naive_cleanup
+from labkit.recovery import Claims, produce
+from labkit.timing import VersionLease
 
 from conftest import dump
 
@@ -50,7 +54,8 @@ class BrokenClock:
 
 @pytest.fixture
 def env(tmp_path):
-    """A file database with state worth protecting: a held lease, a fence at 8, an invoice, a key."""
+    """A file database with state worth protecting: a held lease, a fence at 8, an invoice, a key,
+    a claimed job, a version lease, an outbox intent and a provider's charge."""
     path = str(tmp_path / "lab.db")
     db = labkit.connect(path, busy_timeout_ms=2000)
     clock = VirtualClock(start=5)
@@ -60,8 +65,17 @@ def env(tmp_path):
     with fence.guard(8) as tx:
         tx.execute("INSERT INTO invoices VALUES ('job', 'INV-1', 120, 8)")
         run_once(tx, "charge/INV-1", lambda t: "charged", payload={"amount": 120})
+    claims, versions = Claims(db, clock), VersionLease(db, clock)
+    claims.enqueue("job")
+    claim = claims.claim("job", "A", 8)
+    versions.claim(versions.observe("job"), "A", duration=10)
+    files, outbox, pay = FencedFileStore(db, tmp_path / "files", "job"), Outbox(db, clock), PaymentProvider(db, clock)
+    with fence.guard(8) as tx:
+        outbox.add(tx, "job/email", "email", {"to": "ops"})
+    pay.charge("acct-1", 120, idempotency_key="charge/INV-1")
     yield SimpleNamespace(path=path, db=db, clock=clock, leases=leases, lease=lease, fence=fence,
-                          tmp=tmp_path)
+                          tmp=tmp_path, claims=claims, claim=claim, versions=versions, files=files,
+                          outbox=outbox, pay=pay)
     db.conn.close()
 
 
@@ -159,6 +173,34 @@ def cases() -> list[Case]:
         add("execute.params", lambda e, v=v: execute(e.db, "UPDATE invoices SET amount = ?", v), (v, V))
     for v in (5, None, (0,), "08"):
         add("Tx.token", lambda e, v=v: Tx(e.db.conn, v), (v, T))
+    for v in (None, "A", 1, ("job", "A", 1)):
+        add("heartbeat.mine", lambda e, v=v: e.versions.heartbeat(v), (v, T))
+        add("release(version).mine", lambda e, v=v: e.versions.release(v), (v, T))
+        add("produce.fence", lambda e, v=v: produce(v, e.claim, "c1", 100), (v, T))
+        add("produce.claim", lambda e, v=v: produce(e.fence, v, "c1", 100), (v, T))
+        add("cleanup_expired.clock", lambda e, v=v: cleanup_expired(e.db, v, "job"), (v, T))
+        add("naive_cleanup.clock", lambda e, v=v: naive_cleanup(e.db, v, "job"), (v, T))
+    for v in (None, 42, "db"):
+        add("cleanup_expired.db", lambda e, v=v: cleanup_expired(v, e.clock, "job"), (v, T))
+        add("naive_cleanup.db", lambda e, v=v: naive_cleanup(v, e.clock, "job"), (v, T))
+    for v in (NAN, None, "5"):
+        add("cleanup_expired(clock).clock", lambda e, v=v: cleanup_expired(e.db, BrokenClock(v), "job"), (v, V))
+        add("mark_sent(clock).clock", lambda e, v=v: Outbox(e.db, BrokenClock(v)).mark_sent("job/email", 1),
+            (v, V))
+    for v, error in [(None, T), (42, T), (b"files", T), ("", V)]:
+        add("FencedFileStore.directory", lambda e, v=v: FencedFileStore(e.db, v, "new-job"), (v, error))
+    for bad in BAD_NAMES:
+        v = bad[0]
+        add("FencedFileStore.job", lambda e, v=v: FencedFileStore(e.db, e.tmp / "files", v), bad)
+        add("mark_sent.key", lambda e, v=v: e.outbox.mark_sent(v, 1), bad)
+        if v is not None:
+            add("pending.kind", lambda e, v=v: e.outbox.pending(v), bad)
+    for v, error in [(object(), T), (None, T), ("1", T), (-1, V), (2 ** 63, V)]:
+        add("mark_sent.provider_id", lambda e, v=v: e.outbox.mark_sent("job/email", v), (v, error))
+    for v, error in [("100", T), (1.5, T), (True, T), (None, T), (0, V), (-5, V), (2 ** 63, V)]:
+        add("charge.amount", lambda e, v=v: e.pay.charge("acct-1", v), (v, error))
+        if v != 0:                                          # an invoice of 0 is a legal invoice
+            add("produce.amount", lambda e, v=v: produce(e.fence, e.claim, "c1", v), (v, error))
     return out
 
 
@@ -203,7 +245,8 @@ def test_the_matrix_covers_every_public_entry_point():
     covered = {c.id.split("=")[0].split(".")[0].split("(")[0] for c in CASES}
     assert {"connect", "VirtualClock", "advance", "LeaseAuthority", "acquire", "try_acquire", "renew",
             "release", "current", "Lease", "Fence", "guard", "protect", "run_once", "Tx", "quote",
-            "execute", "rowcount"} <= covered
+            "execute", "rowcount", "heartbeat", "produce", "cleanup_expired", "naive_cleanup",
+            "FencedFileStore", "pending", "mark_sent", "charge"} <= covered
     assert len(CASES) > 250
 
 
