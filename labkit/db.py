@@ -24,7 +24,7 @@ import sqlite_utils
 from .errors import BadArgument, BadArgumentType, Busy, LabkitError, StaleGeneration
 
 __all__ = ["connect", "transaction", "execute", "rowcount", "quote", "check_name", "check_db",
-           "check_int", "in_transaction"]
+           "check_int", "in_transaction", "ensure", "ensure_schema"]
 
 #: The message of the trigger :meth:`labkit.Fence.protect` installs; seeing it
 #: means SQLite itself refused a token below the fence.
@@ -304,6 +304,52 @@ def transaction(db) -> Iterator[sqlite3.Connection]:
         with contextlib.suppress(sqlite3.Error, LabkitError):
             execute(conn, "ROLLBACK")
         raise
+
+
+def ensure(db, probe: str, probe_params: Any, statement: str, params: Any = ()) -> bool:
+    """Run ``statement`` unless ``probe`` finds a row; return whether it ran.
+
+    The common case (already there) is one read and never takes the write lock.
+    Otherwise the statement runs in its own ``BEGIN IMMEDIATE``, after probing
+    again under the lock, so two connections racing to install it do not
+    collide. Inside a transaction already open on this connection it runs in
+    that transaction instead (and rolls back with it).
+
+    Example:
+        >>> db = connect()
+        >>> ensure(db, "SELECT 1 FROM job_fence WHERE job_id = ?", ("job",),
+        ...        "INSERT INTO job_fence(job_id) VALUES (?)", ("job",))
+        True
+        >>> ensure(db, "SELECT 1 FROM job_fence WHERE job_id = ?", ("job",),
+        ...        "INSERT INTO job_fence(job_id) VALUES (?)", ("job",))
+        False
+    """
+    if execute(db, probe, probe_params):
+        return False
+    if in_transaction(db):
+        execute(db, statement, params)
+        return True
+    with transaction(db):
+        if execute(db, probe, probe_params):
+            return False
+        execute(db, statement, params)
+        return True
+
+
+def ensure_schema(db, table: str, ddl: str) -> bool:
+    """Create ``table`` with the ``CREATE TABLE`` statement ``ddl`` unless it exists; return whether it did.
+
+    See :func:`ensure`: a read when the table is there, else its own ``BEGIN IMMEDIATE``
+    (or the caller's open transaction).
+
+    Example:
+        >>> db = connect()
+        >>> ensure_schema(db, "notes", "CREATE TABLE notes (text TEXT)"), \\
+        ...     ensure_schema(db, "notes", "CREATE TABLE notes (text TEXT)")
+        (True, False)
+    """
+    return ensure(db, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                  (check_name(table, "table"),), ddl)
 
 
 def in_transaction(db) -> bool:

@@ -23,19 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .clock import Clock, check_clock, check_seconds, read_clock
-from .db import check_int, check_name, execute, rowcount, transaction
+from .db import check_int, check_name, ensure_schema, execute, rowcount, transaction
 from .errors import BadArgument, BadArgumentType, KeyReused
 from .fence import Fence, Tx, check_tx, show, token
 from .idempotency import canonical
 
 __all__ = ["FencedFileStore", "EmailProvider", "PaymentProvider", "Delivery", "Outbox",
            "Reconciliation", "ETagStore"]
-
-
-def _ensure(db, table: str, ddl: str) -> None:
-    if not execute(db, "SELECT 1 FROM sqlite_master WHERE name = ?", (table,)):
-        with transaction(db):
-            execute(db, ddl)
 
 
 def _bytes(data, argument: str = "data") -> bytes:
@@ -67,7 +61,7 @@ class FencedFileStore:
         self.directory = Path(check_name(os.fspath(directory), "directory"))
         self.db, self.fence = db, Fence(db, job)
         (self.directory / "blobs").mkdir(parents=True, exist_ok=True)
-        _ensure(db, "files", """CREATE TABLE files (
+        ensure_schema(db, "files", """CREATE TABLE files (
             name TEXT PRIMARY KEY, epoch INTEGER NOT NULL, generation INTEGER NOT NULL,
             blob TEXT NOT NULL, size INTEGER NOT NULL)""")
 
@@ -152,10 +146,10 @@ class _Provider:
     def __init__(self, db, clock: Clock, *, key_ttl: float | None = None) -> None:
         self.db, self.clock = db, check_clock(clock)
         self.key_ttl = None if key_ttl is None else check_seconds(key_ttl, "key_ttl", allow_zero=False)
-        _ensure(db, "provider_records", """CREATE TABLE provider_records (
+        ensure_schema(db, "provider_records", """CREATE TABLE provider_records (
             id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, idempotency_key TEXT,
             payload TEXT NOT NULL, created_at REAL NOT NULL)""")
-        _ensure(db, "provider_keys", """CREATE TABLE provider_keys (
+        ensure_schema(db, "provider_keys", """CREATE TABLE provider_keys (
             kind TEXT NOT NULL, key TEXT NOT NULL, record INTEGER NOT NULL,
             created_at REAL NOT NULL, PRIMARY KEY (kind, key))""")
 
@@ -293,7 +287,7 @@ class Outbox:
     def __init__(self, db, clock: Clock, *, job: str | None = None) -> None:
         self.db, self.clock = db, check_clock(clock)
         self.job = None if job is None else check_name(job, "job")
-        _ensure(db, "outbox", """CREATE TABLE outbox (
+        ensure_schema(db, "outbox", """CREATE TABLE outbox (
             key TEXT PRIMARY KEY, kind TEXT NOT NULL, payload TEXT NOT NULL,
             epoch INTEGER NOT NULL, generation INTEGER NOT NULL,
             state TEXT NOT NULL CHECK (state IN ('pending', 'sent')),
@@ -352,12 +346,13 @@ class Outbox:
 
     def reconcile(self, provider: _Provider) -> Reconciliation:
         """Compare the outbox with ``provider``'s records; mark rows the provider already delivered."""
-        theirs = {r["idempotency_key"]: r["id"] for r in provider.records()}
+        records = provider.records()
+        theirs = {r["idempotency_key"]: r["id"] for r in records}
         ours = dict(execute(self.db, "SELECT key, state FROM outbox WHERE kind = ?", (provider.kind,)))
         confirmed = tuple(k for k, s in sorted(ours.items())
                           if s == "pending" and k in theirs and self.mark_sent(k, theirs[k]))
         missing = tuple(k for k, s in sorted(ours.items()) if s == "sent" and k not in theirs)
-        unknown = tuple(r["id"] for r in provider.records() if r["idempotency_key"] not in ours)
+        unknown = tuple(r["id"] for r in records if r["idempotency_key"] not in ours)
         return Reconciliation(confirmed, missing, unknown)
 
     def __repr__(self) -> str:
@@ -383,7 +378,7 @@ class ETagStore:
 
     def __init__(self, db) -> None:
         self.db = db
-        _ensure(db, "objects", "CREATE TABLE objects (name TEXT PRIMARY KEY, etag TEXT NOT NULL, body BLOB NOT NULL)")
+        ensure_schema(db, "objects", "CREATE TABLE objects (name TEXT PRIMARY KEY, etag TEXT NOT NULL, body BLOB NOT NULL)")
 
     @staticmethod
     def etag(body: bytes) -> str:

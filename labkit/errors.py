@@ -17,28 +17,28 @@ class LabkitError(Exception):
     """Base class of every error labkit raises."""
 
 
-class BadArgument(LabkitError, ValueError):
+class _Argument(LabkitError):
+    """A bad argument, named: the shared part of :class:`BadArgument` and :class:`BadArgumentType`."""
+
+    def __init__(self, argument: str, message: str) -> None:
+        self.argument = argument
+        super().__init__(f"{argument}: {message}")
+
+
+class BadArgument(_Argument, ValueError):
     """An argument has the right type but an unusable value. Nothing was written.
 
     Attributes:
         argument: the parameter's name, e.g. ``"ttl"``.
     """
 
-    def __init__(self, argument: str, message: str) -> None:
-        self.argument = argument
-        super().__init__(f"{argument}: {message}")
 
-
-class BadArgumentType(LabkitError, TypeError):
+class BadArgumentType(_Argument, TypeError):
     """An argument has the wrong type. Nothing was written.
 
     Attributes:
         argument: the parameter's name, e.g. ``"generation"``.
     """
-
-    def __init__(self, argument: str, message: str) -> None:
-        self.argument = argument
-        super().__init__(f"{argument}: {message}")
 
 
 class LeaseHeld(LabkitError):

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import sqlite_utils
 
-from .db import check_db, check_int, check_name, execute, in_transaction, quote, transaction
+from .db import check_db, check_int, check_name, ensure, execute, in_transaction, quote, transaction
 from .errors import BadArgument, BadArgumentType, LabkitError, StaleGeneration
 
 __all__ = ["Fence", "Tx", "token", "unfenced", "check_tx"]
@@ -221,10 +221,9 @@ class Fence:
 
     def __init__(self, db, job: str) -> None:
         self.db, self.job = db, check_name(job, "job")
-        if not execute(db, "SELECT 1 FROM job_fence WHERE job_id = ?", (self.job,)):
-            with transaction(db):
-                execute(db, "INSERT INTO job_fence(job_id, epoch, generation) VALUES (?, 0, 0) "
-                            "ON CONFLICT(job_id) DO NOTHING", (self.job,))
+        ensure(db, "SELECT 1 FROM job_fence WHERE job_id = ?", (self.job,),
+               "INSERT INTO job_fence(job_id, epoch, generation) VALUES (?, 0, 0) "
+               "ON CONFLICT(job_id) DO NOTHING", (self.job,))
 
     def current(self) -> int | tuple[int, int]:
         """Return the highest token the fence has accepted (an int while the epoch is 0).

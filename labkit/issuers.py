@@ -25,32 +25,29 @@ from __future__ import annotations
 import sqlite3
 
 from .clock import Clock, check_clock, check_seconds, read_clock
-from .db import check_db, check_int, check_name, connect, execute, transaction
+from .db import check_db, check_int, check_name, connect, ensure_schema, execute, transaction
 from .errors import BadArgument, BadArgumentType, LabkitError
 from .fence import show, token
 
 __all__ = ["DurableCounter", "EpochAuthority", "EpochIssuer", "ReplicatedIssuer",
            "backup", "restore", "cleanup_expired", "naive_cleanup", "bump_is_safe"]
 
-_ISSUER_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS epoch_counter (
+_ISSUER_SCHEMA = {
+    "epoch_counter": """CREATE TABLE epoch_counter (
         name TEXT PRIMARY KEY, epoch INTEGER NOT NULL, counter INTEGER NOT NULL)""",
-    """CREATE TABLE IF NOT EXISTS repl_log (
+    "repl_log": """CREATE TABLE repl_log (
         seq INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, epoch INTEGER NOT NULL,
         counter INTEGER NOT NULL, committed_at REAL NOT NULL)""",
-    """CREATE TABLE IF NOT EXISTS repl_applied (
+    "repl_applied": """CREATE TABLE repl_applied (
         id INTEGER PRIMARY KEY CHECK (id = 1), seq INTEGER NOT NULL)""",
-    """CREATE TABLE IF NOT EXISTS epochs (
+    "epochs": """CREATE TABLE epochs (
         name TEXT PRIMARY KEY, epoch INTEGER NOT NULL)""",
-)
+}
 
 
 def _ensure(db) -> None:
-    if len(execute(db, "SELECT name FROM sqlite_master WHERE name IN "
-                       "('epoch_counter', 'repl_log', 'repl_applied', 'epochs')")) < 4:
-        with transaction(db):
-            for statement in _ISSUER_SCHEMA:
-                execute(db, statement)
+    for table, ddl in _ISSUER_SCHEMA.items():
+        ensure_schema(db, table, ddl)
 
 
 class DurableCounter:
@@ -283,7 +280,6 @@ class ReplicatedIssuer:
         lost = execute(self.primary, "SELECT count(*) FROM repl_log WHERE seq > ?",
                        (rows[0][0] if rows else 0,))[0][0]
         self.primary, self.replica = self.replica, None
-        execute(self.primary, "DELETE FROM repl_log")
         return lost
 
     def issuer(self) -> EpochIssuer:

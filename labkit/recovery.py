@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from .clock import Clock, check_clock, check_seconds, read_clock
-from .db import check_int, check_name, execute, transaction
+from .db import check_int, check_name, ensure_schema, execute, transaction
 from .errors import BadArgumentType, LeaseLost
 from .fence import Fence, Tx, check_tx
 from .idempotency import run_once
 
 __all__ = ["Claim", "Claims", "operation_key", "produce"]
 
-_SCHEMA = """CREATE TABLE IF NOT EXISTS claims (
+_SCHEMA = """CREATE TABLE claims (
     job TEXT PRIMARY KEY,
     owner TEXT,
     generation INTEGER NOT NULL DEFAULT 0,
@@ -79,9 +79,7 @@ class Claims:
 
     def __init__(self, db, clock: Clock) -> None:
         self.db, self.clock = db, check_clock(clock)
-        if not execute(db, "SELECT 1 FROM sqlite_master WHERE name = 'claims'"):
-            with transaction(db):
-                execute(db, _SCHEMA)
+        ensure_schema(db, "claims", _SCHEMA)
 
     def _one(self, tx: Tx | None, sql: str, params: dict) -> Claim | None:
         params = {**params, "now": read_clock(self.clock)}

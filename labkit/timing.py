@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 from .clock import Clock, check_clock, check_seconds, read_clock
-from .db import check_name, execute, transaction
+from .db import check_name, ensure, ensure_schema, execute, transaction
 from .errors import BadArgument, BadArgumentType, Busy, LeaseLost
 from .lease import Lease, LeaseAuthority
 
@@ -203,7 +203,7 @@ def backoff(attempt: int, *, base: float, cap: float, rng) -> float:
     return rng.uniform(0.0, ceiling)
 
 
-_VERSION_SCHEMA = """CREATE TABLE IF NOT EXISTS version_leases (
+_VERSION_SCHEMA = """CREATE TABLE version_leases (
     name TEXT PRIMARY KEY, owner TEXT, generation INTEGER NOT NULL,
     version INTEGER NOT NULL, duration REAL NOT NULL)"""
 
@@ -253,20 +253,15 @@ class VersionLease:
 
     def __init__(self, db, clock: Clock) -> None:
         self.db, self.clock = db, check_clock(clock)
-        if not execute(db, "SELECT 1 FROM sqlite_master WHERE name = 'version_leases'"):
-            with transaction(db):
-                execute(db, _VERSION_SCHEMA)
+        ensure_schema(db, "version_leases", _VERSION_SCHEMA)
 
     def observe(self, name: str) -> Seen:
         """Read the record of ``name`` (creating a free one) and stamp it with the local time."""
         name = check_name(name, "name")
+        ensure(self.db, "SELECT 1 FROM version_leases WHERE name = ?", (name,),
+               "INSERT INTO version_leases VALUES (?, NULL, 0, 0, 0) ON CONFLICT(name) DO NOTHING", (name,))
         rows = execute(self.db, "SELECT owner, generation, version, duration FROM version_leases "
                                 "WHERE name = ?", (name,))
-        if not rows:
-            with transaction(self.db):
-                execute(self.db, "INSERT INTO version_leases VALUES (?, NULL, 0, 0, 0) "
-                                 "ON CONFLICT(name) DO NOTHING", (name,))
-            return self.observe(name)
         return Seen(name, *rows[0], seen_at=read_clock(self.clock))
 
     def waited(self, seen: Seen) -> float:

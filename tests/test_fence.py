@@ -235,6 +235,33 @@ def test_only_a_guard_makes_a_tx_with_a_job(db):
         assert Tx(conn, (0, 1)).execute("SELECT 1") == [(1,)]
 
 
+def test_a_new_fence_and_a_store_can_be_made_inside_an_open_transaction(db, tmp_path):
+    """Fence(db, new job) and a store's schema install join a transaction already open on the connection."""
+    from labkit.effects import FencedFileStore
+    with Fence(db, "job").guard(1):
+        fence, store = Fence(db, "job2"), FencedFileStore(db, tmp_path / "files", "job3")
+        assert (fence.current(), store.fence.current()) == (0, 0)
+    assert execute(db, "SELECT job_id, generation FROM job_fence ORDER BY job_id") == [
+        ("job", 1), ("job2", 0), ("job3", 0)]
+
+
+def test_ensure_schema_reprobes_under_the_lock_so_a_racing_install_is_not_an_error(db_path):
+    """B saw no table, then waited for the lock while A created it: B finds it under the lock and skips."""
+    a, b = labkit.connect(db_path), labkit.connect(db_path, busy_timeout_ms=10_000)
+    ddl = "CREATE TABLE notes (text TEXT)"
+    waiting, result = threading.Event(), []
+    b.conn.set_trace_callback(lambda sql: waiting.set() if sql.startswith("BEGIN IMMEDIATE") else None)
+    with transaction(a):
+        execute(a, ddl)                                   # A's table, not committed yet: B cannot see it
+        thread = threading.Thread(target=lambda: result.append(labkit.db.ensure_schema(b, "notes", ddl)))
+        thread.start()
+        assert waiting.wait(15)                           # B probed (nothing) and now waits for the lock
+        assert thread.is_alive() and result == []
+    thread.join()
+    assert result == [False]
+    assert execute(b, "SELECT count(*) FROM sqlite_master WHERE name = 'notes'") == [(1,)]
+
+
 def test_a_deleted_fence_row_is_an_error_not_a_reset(db, dump):
     """If someone deletes the fence row, guard refuses instead of starting again at 0."""
     fence = Fence(db, "job")
