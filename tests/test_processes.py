@@ -14,7 +14,7 @@ import pytest
 
 import labkit
 from labkit.history import check
-from labkit.team import Team, proc_state
+from labkit.live import Team, proc_state
 from labkit.procs import WORKING
 
 WAIT = 15.0   # a bound against hanging, never an assertion about speed
@@ -39,13 +39,16 @@ def rows(path: str) -> list[tuple]:
 
 
 def test_second_guard_waits_for_the_first_then_the_fence_refuses_the_lower(db_path):
-    """While A's guard holds the write lock B's guard waits; B enters after A commits; A's later 7 is refused."""
+    """B's guard starts BEGIN IMMEDIATE while A's guard holds the lock and is still blocked there when A
+    commits; B enters only after A's commit; A's later 7 is refused."""
     a, b = labkit.connect(db_path, busy_timeout_ms=10_000), labkit.connect(db_path, busy_timeout_ms=10_000)
     fence_a, fence_b = labkit.Fence(a, "invoices"), labkit.Fence(b, "invoices")
-    order, b_calling = [], threading.Event()
+    order, b_begins = [], threading.Event()
+    # SQLite reports a statement to the trace callback when it starts running it: once B's BEGIN
+    # IMMEDIATE is reported, B is inside the call that must wait for A's lock.
+    b.conn.set_trace_callback(lambda sql: b_begins.set() if sql.startswith("BEGIN IMMEDIATE") else None)
 
     def worker_b():
-        b_calling.set()
         with fence_b.guard(8) as tx:
             order.append("B inside")
             tx.execute("INSERT INTO invoices VALUES ('invoices', 'INV-2', 200, 8)")
@@ -55,10 +58,11 @@ def test_second_guard_waits_for_the_first_then_the_fence_refuses_the_lower(db_pa
         tx.execute("INSERT INTO invoices VALUES ('invoices', 'INV-1', 100, 7)")
         thread = threading.Thread(target=worker_b)
         thread.start()
-        b_calling.wait()
-        time.sleep(0.3)              # B is now waiting in BEGIN IMMEDIATE, inside its busy timeout
+        assert b_begins.wait(WAIT), "B never reached BEGIN IMMEDIATE"
+        assert thread.is_alive() and order == []          # B has begun and has not got in
         order.append("A commits")
-    thread.join()
+    thread.join(WAIT)
+    assert not thread.is_alive()
     assert order == ["A commits", "B inside", "B committed"]
     with pytest.raises(labkit.StaleGeneration) as refused:
         with fence_a.guard(7) as tx:
