@@ -14,7 +14,7 @@ import pytest
 
 import labkit
 from labkit.history import check
-from labkit.live import Team, proc_state
+from labkit.team import Team, proc_state
 from labkit.procs import WORKING
 
 WAIT = 15.0   # a bound against hanging, never an assertion about speed
