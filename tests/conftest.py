@@ -1,4 +1,4 @@
-"""Tiny shared fixtures: a virtual clock, a labkit database on a temp file, a lease authority."""
+"""Tiny shared fixtures: a virtual clock, labkit databases on temp files, a lease authority."""
 
 from __future__ import annotations
 
@@ -27,6 +27,20 @@ def db(db_path):
     database = labkit.connect(db_path, busy_timeout_ms=2000)
     yield database
     database.conn.close()
+
+
+@pytest.fixture
+def files(tmp_path):
+    """Open labkit databases on fresh files under tmp_path by short name; all closed afterwards."""
+    opened = []
+
+    def open_(name):
+        db = labkit.connect(str(tmp_path / f"{name}.db"))
+        opened.append(db)
+        return db
+    yield open_
+    for db in opened:
+        db.conn.close()
 
 
 @pytest.fixture

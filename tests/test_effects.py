@@ -5,30 +5,9 @@ import os
 import pytest
 
 import labkit
-from labkit import (BadArgument, BadArgumentType, Fence, KeyReused, LeaseAuthority, StaleGeneration,
-                    VirtualClock)
+from labkit import BadArgument, BadArgumentType, Fence, KeyReused, LeaseAuthority, StaleGeneration
 from labkit.db import execute
 from labkit.effects import EmailProvider, ETagStore, FencedFileStore, Outbox, PaymentProvider
-
-
-@pytest.fixture
-def clock():
-    """A VirtualClock at t=0."""
-    return VirtualClock()
-
-
-@pytest.fixture
-def files(tmp_path):
-    """Open labkit databases on fresh files under tmp_path by short name; all closed afterwards."""
-    opened = []
-
-    def open_(name):
-        db = labkit.connect(str(tmp_path / f"{name}.db"))
-        opened.append(db)
-        return db
-    yield open_
-    for db in opened:
-        db.conn.close()
 
 
 @pytest.fixture

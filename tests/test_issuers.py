@@ -2,31 +2,10 @@
 
 import pytest
 
-import labkit
-from labkit import BadArgument, BadArgumentType, Fence, LeaseAuthority, StaleGeneration, VirtualClock
+from labkit import BadArgument, BadArgumentType, Fence, LeaseAuthority, StaleGeneration
 from labkit.db import execute
 from labkit.issuers import (DurableCounter, EpochAuthority, EpochIssuer, ReplicatedIssuer, backup,
                             bump_is_safe, cleanup_expired, naive_cleanup, restore)
-
-
-@pytest.fixture
-def clock():
-    """A VirtualClock at t=0."""
-    return VirtualClock()
-
-
-@pytest.fixture
-def files(tmp_path):
-    """Open labkit databases on fresh files under tmp_path by short name; all closed afterwards."""
-    opened = []
-
-    def open_(name):
-        db = labkit.connect(str(tmp_path / f"{name}.db"))
-        opened.append(db)
-        return db
-    yield open_
-    for db in opened:
-        db.conn.close()
 
 
 def fenced_write(db, generation):

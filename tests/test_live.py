@@ -7,24 +7,14 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
+
+from polling import wait_for
 
 from labkit.live import Demo, png, proc_state, run_demo
 from labkit.procs import WORKING
 
-WAIT = 15.0   # a bound against hanging, never an assertion about speed
-
-
-def wait_for(condition, what: str, timeout: float = WAIT):
-    """Poll ``condition()`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.01)
-    return value
 
 
 def stat_state(pid: int) -> str | None:

@@ -12,22 +12,13 @@ import time
 
 import pytest
 
+from polling import WAIT, wait_for
+
 import labkit
 from labkit.history import check
 from labkit.team import Team, proc_state
 from labkit.procs import WORKING
 
-WAIT = 15.0   # a bound against hanging, never an assertion about speed
-
-
-def wait_for(condition, what: str, timeout: float = WAIT):
-    """Poll ``condition()`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.005)
-    return value
 
 
 def rows(path: str) -> list[tuple]:

@@ -3,23 +3,9 @@
 import pytest
 
 import labkit
-from labkit import BadArgument, BadArgumentType, Fence, LeaseLost, StaleGeneration, VirtualClock
+from labkit import BadArgument, BadArgumentType, Fence, LeaseLost, StaleGeneration
 from labkit.db import execute, transaction
 from labkit.recovery import Claim, Claims, operation_key, produce
-
-
-@pytest.fixture
-def clock():
-    """A VirtualClock at t=0."""
-    return VirtualClock()
-
-
-@pytest.fixture
-def db(tmp_path):
-    """A labkit database on a temp file; closed afterwards."""
-    database = labkit.connect(str(tmp_path / "lab.db"))
-    yield database
-    database.conn.close()
 
 
 @pytest.fixture

@@ -7,23 +7,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import labkit
-from labkit import BadArgument, BadArgumentType, Fence, LeaseAuthority, LeaseLost, StaleGeneration, VirtualClock
+from labkit import BadArgument, BadArgumentType, Fence, LeaseAuthority, LeaseLost, StaleGeneration
 from labkit.db import execute
 from labkit.timing import LeaseKeeper, Seen, VersionLease, backoff, conservative_deadline
-
-
-@pytest.fixture
-def clock():
-    """A VirtualClock at t=0."""
-    return VirtualClock()
-
-
-@pytest.fixture
-def db(tmp_path):
-    """A labkit database on a temp file; closed afterwards."""
-    database = labkit.connect(str(tmp_path / "lab.db"))
-    yield database
-    database.conn.close()
 
 
 class Skewed:
