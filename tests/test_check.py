@@ -2,7 +2,7 @@
 
 import pytest
 
-from labkit import BadArgument, BadArgumentType, LeaseAuthority, connect
+from labkit import BadArgument, BadArgumentType, LeaseAuthority
 from labkit.db import execute, transaction
 from labkit.history import VIOLATION_KINDS, Event, Violation, check
 from labkit.scenarios import SCENARIOS

@@ -10,7 +10,6 @@ every task too, because the grader puts the canonical check cells back.
 
 import copy
 import json
-import pathlib
 
 import pytest
 

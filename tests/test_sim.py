@@ -7,7 +7,7 @@ import simpy
 
 from labkit import BadArgument, BadArgumentType
 from labkit.history import Event
-from labkit.sim import JOB, LEASE, Crashed, NoResponse, Sim, play, scenario
+from labkit.sim import JOB, LEASE, Crashed, NoResponse, Sim, play
 from labkit.scenarios import expired_but_alive, lock_wait
 
 
