@@ -32,7 +32,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from .errors import LabkitError
+from .errors import BadArgument, LabkitError
 
 __all__ = ["check", "replay", "task", "expect", "schedules", "Schedule", "Broken",
            "CheckFailed", "TASKS", "PASS", "CHECK_MODULES"]
@@ -146,13 +146,20 @@ def _run(t: Task, answer, schedule: Schedule, history: list) -> None:
         raise Broken("the answer runs without an unexpected error", f"{type(exc).__name__}: {exc}") from None
 
 
+def _task(task_id: str) -> Task:
+    if task_id not in TASKS:
+        raise BadArgument("task_id", f"no task {task_id!r}; the tasks are {sorted(TASKS)}")
+    return TASKS[task_id]
+
+
 def check(task_id: str, answer: Any) -> None:
     """Run ``answer`` through every schedule of ``task_id``; print the pass line or raise.
 
     Raises:
         CheckFailed: with the property, the seed and a replay call.
+        BadArgument: no task ``task_id``.
     """
-    t = TASKS[task_id]
+    t = _task(task_id)
     name = getattr(answer, "__name__", "answer")
     for schedule in t.schedules:
         try:
@@ -170,8 +177,11 @@ def replay(task_id: str, answer: Any, *, seed: int, ax=None):
     """
     from .plot import timeline
     from .sim import Result
-    t = TASKS[task_id]
-    schedule = next(s for s in t.schedules if s.seed == seed)
+    t = _task(task_id)
+    schedule = next((s for s in t.schedules if s.seed == seed), None)
+    if schedule is None:
+        raise BadArgument("seed", f"task {task_id} has no schedule with seed {seed!r}; "
+                                  f"its seeds are {[s.seed for s in t.schedules]}")
     history: list = []
     try:
         _run(t, answer, schedule, history)

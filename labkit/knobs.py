@@ -45,7 +45,11 @@ def check_knob(value: Any, name: str, *, positive: bool = False, integer: bool =
     if isinstance(value, bool) or not isinstance(value, (int,) if integer else (int, float)):
         kind = "an int" if integer else "a number"
         raise BadArgumentType(name, f"must be {kind}, got {type(value).__name__}")
-    if not math.isfinite(value):
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        raise BadArgument(name, f"is too large, got an int of {value.bit_length()} bits") from None
+    if not finite:
         raise BadArgument(name, f"must be finite, got {value!r}")
     if value < 0 or (positive and value == 0):
         raise BadArgument(name, f"must be {'> 0' if positive else '>= 0'}, got {value!r}")

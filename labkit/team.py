@@ -35,7 +35,7 @@ from dataclasses import asdict
 
 from .clock import RealClock, check_seconds
 from .db import connect, execute, transaction
-from .errors import BadArgument, BadArgumentType, Busy
+from .errors import BadArgument, BadArgumentType, Busy, LabkitError
 from .history import Event, check
 from .lease import LeaseAuthority
 from .procs import IDLE, IN_TX, JOB, Board, Journal, WorkerSpec, prepare, read_journals
@@ -225,7 +225,7 @@ class Team:
         slot = self.names.index(name)
         in_tx = self.board.phase(slot) == IN_TX
         if in_tx and not self.lock_held():
-            raise RuntimeError(f"{name} is marked inside a transaction but the write lock is free")
+            raise LabkitError(f"{name} is marked inside a transaction but the write lock is free")
         self.procs[name].kill()
         self.procs[name].wait()
         self._frozen.pop(name, None)

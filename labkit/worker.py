@@ -316,12 +316,14 @@ class Worker:
         Returns:
             invoice id -> row dict, for the invoices that exist.
         """
+        invoices = list(invoices)
         rows = {r[0]: {"invoice_id": r[0], "amount": r[1], "generation": r[2]} for r in execute(
             self.connection(db), "SELECT invoice_id, amount, generation FROM invoices WHERE job_id = ?",
             (job,))}
         for invoice in invoices:
             self.record("read", "ok", target=invoice, generation=rows.get(invoice, {}).get("generation"))
-        return {k: v for k, v in rows.items() if k in set(invoices)}
+        wanted = set(invoices)
+        return {k: v for k, v in rows.items() if k in wanted}
 
     def write(self, invoice: str, amount: int, generation: int, *, fenced: bool = True,
               key: str | None = None, job: str = JOB, inside: str = "inside-write", read: bool = False):

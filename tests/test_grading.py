@@ -10,6 +10,7 @@ import pytest
 
 import corpus_part1
 import corpus_part2
+import labkit
 import labkit.grading
 from answers import define, grade
 
@@ -115,3 +116,11 @@ def test_solutions_store_the_pass_lines():
                 assert text == f"PASS {tags[0]}: {title} held under every schedule\n", (name, text)
                 seen.add(tags[0])
     assert seen == set(TASKS)
+
+
+def test_unknown_task_or_seed_is_a_named_error():
+    """Asking for a task or a replay seed that does not exist names the argument."""
+    with pytest.raises(labkit.BadArgument, match="task_id"):
+        labkit.grading.check("99.9", print)
+    with pytest.raises(labkit.BadArgument, match="seed"):
+        labkit.grading.replay("02.1", print, seed=-5)

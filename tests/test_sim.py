@@ -227,3 +227,11 @@ def test_the_worked_example_in_the_sim_docstring_runs():
     assert [(e.worker, e.action, e.outcome, e.generation) for e in result.history if e.action == "write"] == [
         ("B", "write", "ok", 8), ("A", "write", "ok", 7)]
     assert {"lost_update", "stale_accepted"} <= result.kinds
+
+
+def test_a_knob_too_large_for_a_float_is_a_named_error():
+    """An int knob beyond float range is refused with BadArgument naming the knob, not OverflowError."""
+    from labkit import BadArgument
+    from labkit.scenarios import expired_but_alive
+    with pytest.raises(BadArgument, match="pause"):
+        expired_but_alive(pause=10 ** 400)
