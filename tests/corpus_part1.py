@@ -4,8 +4,8 @@
 ``right`` (correct answers in styles different from the solution's: they must
 pass) and ``wrong`` (known-wrong answers, each a mistake a lesson names, plus a
 constant, each with ``(source, phrase)``: they must fail, and ``phrase`` is a
-piece of the property the failure must name). ``TAMPER`` holds answer-cell
-prefixes that rebind ``labkit.grading`` or its check module.
+piece of the property the failure must name). The answer-cell prefixes that
+tamper with the grader are in tests/answers.py (``TAMPER``).
 """
 
 _UPSERT = '''
@@ -648,28 +648,4 @@ CORPUS = {
     "03.2": {"name": "split_database_answers", "right": QUIZ_RIGHT, "wrong": QUIZ_WRONG},
     "04.1": {"name": "issue", "right": ISSUE_RIGHT, "wrong": ISSUE_WRONG},
     "04.2": {"name": "cleanup", "right": CLEANUP_RIGHT, "wrong": CLEANUP_WRONG},
-}
-
-TAMPER = {
-    "rebinds check to print the pass line": '''
-import labkit.grading
-labkit.grading.check = lambda task_id, answer: print(f"PASS {task_id}: anything held under every schedule")
-''',
-    "clears the registered tasks": '''
-import labkit.grading
-labkit.grading.TASKS.clear()
-''',
-    "patches expect to do nothing, in grading and in every check module": '''
-import sys, labkit.grading
-labkit.grading.expect = lambda *args, **kwargs: None
-for name in labkit.grading.CHECK_MODULES:
-    sys.modules[name].expect = lambda *args, **kwargs: None
-''',
-    "replaces every trial by one that does nothing": '''
-import labkit.grading, labkit.checks02, labkit.checks_writers
-for t in list(labkit.grading.TASKS.values()):
-    labkit.grading.TASKS[t.id] = t.__class__(t.id, t.title, lambda *a: None, t.schedules)
-labkit.checks02.fenced_insert_check = lambda *a: None
-labkit.checks_writers.fenced_trial = lambda *a, **k: None
-''',
 }

@@ -1,10 +1,10 @@
 """Answers to the tasks of lessons 05-09, as a student would type them into an answer cell.
 
-``CORPUS[task]`` has the function's ``name`` and three dicts of source strings:
+``CORPUS[task]`` has the function's ``name`` and two dicts of source strings:
 ``right`` (correct answers in styles different from the solution's: they must
-pass), ``wrong`` (known-wrong answers, each a mistake a lesson names, plus a
-constant: they must fail, with ``expect`` a phrase of the property that breaks)
-and the shared ``TAMPER`` prefixes (cells that rebind ``labkit.grading``).
+pass) and ``wrong`` (known-wrong answers, each a mistake a lesson names, plus a
+constant: they must fail, with ``expect`` a phrase of the property that breaks).
+The answer-cell prefixes that tamper with the grader are in tests/answers.py.
 """
 
 # --------------------------------------------------------------------- 05.1 deadline
@@ -645,30 +645,4 @@ CORPUS = {
     "08.1": {"name": "relay", "right": RELAY_RIGHT, "wrong": RELAY_WRONG},
     "08.2": {"name": "publish_report", "right": PUBLISH_RIGHT, "wrong": PUBLISH_WRONG},
     "09.1": {"name": "mechanism", "right": INCIDENT_RIGHT, "wrong": INCIDENT_WRONG},
-}
-
-# An answer cell that tampers with the grader, then defines a wrong answer.
-TAMPER = {
-    "rebinds check to print the pass line": '''
-import labkit.grading
-labkit.grading.check = lambda task_id, answer: print(f"PASS {task_id}: anything held under every schedule")
-''',
-    "clears the registered tasks": '''
-import labkit.grading
-labkit.grading.TASKS.clear()
-''',
-    "patches expect to do nothing": '''
-import labkit.grading
-labkit.grading.expect = lambda *args, **kwargs: None
-''',
-    "patches expect to do nothing in every check module": '''
-import sys, labkit.grading
-for name in labkit.grading.CHECK_MODULES:
-    sys.modules[name].expect = lambda *args, **kwargs: None
-''',
-    "patches the task's trial to do nothing": '''
-import labkit.grading
-for t in list(labkit.grading.TASKS.values()):
-    labkit.grading.TASKS[t.id] = t.__class__(t.id, t.title, lambda *a: None, t.schedules)
-''',
 }

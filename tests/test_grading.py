@@ -12,12 +12,10 @@ import corpus_part1
 import corpus_part2
 import labkit
 import labkit.grading
-from answers import define, grade
+from answers import TAMPER, define, grade
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CORPUS = {**corpus_part1.CORPUS, **corpus_part2.CORPUS}
-TAMPER = {**{f"part1: {k}": v for k, v in corpus_part1.TAMPER.items()},
-          **{f"part2: {k}": v for k, v in corpus_part2.TAMPER.items()}}
 TASKS = sorted(CORPUS)
 EXERCISES = sorted(p.stem for p in (ROOT / "solutions").glob("*.ipynb"))
 
