@@ -21,11 +21,13 @@ lab: $(STAMP)
 	    --ServerApp.root_dir=$(CURDIR) $(ROOTOK) notebooks/00-start-here.ipynb
 
 test: $(STAMP)
+	$(BIN)/ruff format --check labkit
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q tests
 	$(BIN)/python -m pytest -q $(NBVAL) notebooks solutions
 
 exercises: $(STAMP)
-	$(BIN)/python -m labkit.notebooks build
+	$(BIN)/python -m labkit.grading.notebooks build
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py

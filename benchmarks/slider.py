@@ -1,7 +1,7 @@
 """The slider round trip: rerun a scenario and redraw the panel's timeline, per scenario.
 
 For every scenario in ``labkit.scenarios.SCENARIOS`` this builds the panel of
-``labkit.widgets.explore`` (outside a kernel: the widgets work, their messages
+``labkit.views.widgets.explore`` (outside a kernel: the widgets work, their messages
 go nowhere) and moves its first slider 50 times across its range, timing each
 change from the new value to the replaced PNG. It prints p50 / p95 / max per
 scenario, then the cost of the two ways to show the PNG (an inline PNG in a
@@ -26,9 +26,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from labkit.plot import timeline  # noqa: E402
+from labkit.views.plot import timeline  # noqa: E402
 from labkit.scenarios import SCENARIOS  # noqa: E402
-from labkit.widgets import TimelineRenderer, _png_output, explore  # noqa: E402
+from labkit.views.widgets import TimelineRenderer, _png_output, explore  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:

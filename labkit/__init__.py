@@ -12,36 +12,76 @@ Why labkit looks like this:
   only :class:`RealClock` and the live demos read the machine's clock.
 """
 
-from .clock import Clock, RealClock, VirtualClock
-from .db import connect
-from .errors import (BadArgument, BadArgumentType, Busy, KeyReused, LabkitError,
-                     LeaseHeld, LeaseLost, StaleGeneration)
-from .fence import Fence, Tx
-from .history import Event, Violation, check
-from .idempotency import run_once
-from .lease import Lease, LeaseAuthority
-from .effects import EmailProvider, ETagStore, FencedFileStore, Outbox, PaymentProvider
-from .issuers import EpochAuthority, EpochIssuer
-from .recovery import Claims
-from .timing import LeaseKeeper, VersionLease, backoff, conservative_deadline
+from labkit.clock import Clock, RealClock, VirtualClock
+from labkit.db import connect
+from labkit.errors import (
+    BadArgument,
+    BadArgumentType,
+    Busy,
+    KeyReused,
+    LabkitError,
+    LeaseHeld,
+    LeaseLost,
+    StaleGeneration,
+)
+from labkit.fence import Fence, Tx
+from labkit.sim.history import Event, Violation, check
+from labkit.idempotency import run_once
+from labkit.lease import Lease, LeaseAuthority
+from labkit.mechanisms.effects import (
+    EmailProvider,
+    ETagStore,
+    FencedFileStore,
+    Outbox,
+    PaymentProvider,
+)
+from labkit.mechanisms.issuers import EpochAuthority, EpochIssuer
+from labkit.mechanisms.recovery import Claims
+from labkit.mechanisms.timing import LeaseKeeper, VersionLease, backoff, conservative_deadline
 
 __all__ = [
-    "connect", "Clock", "VirtualClock", "RealClock", "Lease", "LeaseAuthority",
-    "Fence", "Tx", "run_once",
-    "LabkitError", "BadArgument", "BadArgumentType", "LeaseHeld", "LeaseLost",
-    "StaleGeneration", "KeyReused", "Busy",
-    "conservative_deadline", "LeaseKeeper", "backoff", "VersionLease", "EpochIssuer",
-    "EpochAuthority", "Claims", "FencedFileStore", "EmailProvider", "PaymentProvider", "Outbox",
+    "connect",
+    "Clock",
+    "VirtualClock",
+    "RealClock",
+    "Lease",
+    "LeaseAuthority",
+    "Fence",
+    "Tx",
+    "run_once",
+    "LabkitError",
+    "BadArgument",
+    "BadArgumentType",
+    "LeaseHeld",
+    "LeaseLost",
+    "StaleGeneration",
+    "KeyReused",
+    "Busy",
+    "conservative_deadline",
+    "LeaseKeeper",
+    "backoff",
+    "VersionLease",
+    "EpochIssuer",
+    "EpochAuthority",
+    "Claims",
+    "FencedFileStore",
+    "EmailProvider",
+    "PaymentProvider",
+    "Outbox",
     "ETagStore",
-    "check", "Event", "Violation", "present",
+    "check",
+    "Event",
+    "Violation",
+    "present",
 ]
 
 
 def present(on: bool = True):
-    """Presenter mode for projecting: larger fonts, thicker lines (see :class:`labkit.plot.present`).
+    """Presenter mode for projecting: larger fonts, thicker lines (see :class:`labkit.views.plot.present`).
 
     ``present()`` switches it on, ``present(False)`` back off; ``with present(): ...``
     restores the previous settings afterwards. Nothing changes until it is called.
     """
-    from .plot import present as _present
+    from labkit.views.plot import present as _present
+
     return _present(on)

@@ -10,7 +10,8 @@ import math
 import time
 from typing import Protocol, runtime_checkable
 
-from .errors import BadArgument, BadArgumentType
+from labkit.errors import BadArgument, BadArgumentType
+from labkit.errors import check_number
 
 __all__ = ["Clock", "VirtualClock", "RealClock", "check_clock", "read_clock"]
 
@@ -27,22 +28,6 @@ class Clock(Protocol):
     def now(self) -> float:
         """Return the current time in seconds; it never decreases."""
         ...
-
-
-def check_seconds(value, argument: str, *, allow_zero: bool = True) -> float:
-    """Return ``value`` as a finite, non-negative float, or raise naming ``argument``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BadArgumentType(argument, f"must be a number of seconds, got {type(value).__name__}")
-    if value < 0 or (value == 0 and not allow_zero):
-        shown = repr(value) if len(repr(value)) <= 40 else f"an int of {value.bit_length()} bits"
-        raise BadArgument(argument, f"must be {'>= 0' if allow_zero else '> 0'}, got {shown}")
-    try:
-        seconds = float(value)
-    except OverflowError:  # an int too large for a float
-        raise BadArgument(argument, f"must be finite, got an int of {value.bit_length()} bits") from None
-    if not math.isfinite(seconds):
-        raise BadArgument(argument, f"must be finite, got {value!r}")
-    return seconds
 
 
 def check_clock(clock, argument: str = "clock") -> Clock:
@@ -93,7 +78,7 @@ class VirtualClock:
     """
 
     def __init__(self, start: float = 0.0) -> None:
-        self._now = check_seconds(start, "start")
+        self._now = check_number(start, "start")
 
     def now(self) -> float:
         """Return the current virtual time in seconds."""
@@ -106,9 +91,11 @@ class VirtualClock:
             BadArgument: for a negative, NaN or infinite step, or one that would
                 carry the clock past the largest finite time (the clock is unchanged).
         """
-        now = self._now + check_seconds(seconds, "seconds")
+        now = self._now + check_number(seconds, "seconds")
         if not math.isfinite(now):
-            raise BadArgument("seconds", f"would move the clock past the largest finite time: {seconds!r}")
+            raise BadArgument(
+                "seconds", f"would move the clock past the largest finite time: {seconds!r}"
+            )
         self._now = now
         return self._now
 

@@ -21,10 +21,20 @@ from typing import Any, Iterator, Mapping
 
 import sqlite_utils
 
-from .errors import BadArgument, BadArgumentType, Busy, LabkitError, StaleGeneration
+from labkit.errors import BadArgument, BadArgumentType, Busy, LabkitError, StaleGeneration
 
-__all__ = ["connect", "transaction", "execute", "rowcount", "quote", "check_name", "check_db",
-           "check_int", "in_transaction", "ensure", "ensure_schema"]
+__all__ = [
+    "connect",
+    "transaction",
+    "execute",
+    "rowcount",
+    "quote",
+    "check_name",
+    "check_db",
+    "in_transaction",
+    "ensure",
+    "ensure_schema",
+]
 
 #: The message of the trigger :meth:`labkit.Fence.protect` installs; seeing it
 #: means SQLite itself refused a token below the fence.
@@ -32,7 +42,7 @@ STALE_MESSAGE = "labkit: stale generation"
 #: The message of the same trigger when the token column holds no integer.
 NOT_INT_MESSAGE = "labkit: generation must be an integer"
 NULL_JOB_MESSAGE = "labkit: job_id must not be NULL"
-_MAX_TIMEOUT_MS = 2 ** 31 - 1  # SQLite's busy timeout is a C int
+_MAX_TIMEOUT_MS = 2**31 - 1  # SQLite's busy timeout is a C int
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS lease_counter (
@@ -93,18 +103,31 @@ def connect(path: str = ":memory:", *, busy_timeout_ms: int = 5000) -> sqlite_ut
     """
     path = check_name(os.fspath(path) if isinstance(path, os.PathLike) else path, "path")
     if isinstance(busy_timeout_ms, bool) or not isinstance(busy_timeout_ms, int):
-        raise BadArgumentType("busy_timeout_ms", f"must be an int, got {type(busy_timeout_ms).__name__}")
+        raise BadArgumentType(
+            "busy_timeout_ms", f"must be an int, got {type(busy_timeout_ms).__name__}"
+        )
     if not 0 <= busy_timeout_ms <= _MAX_TIMEOUT_MS:
-        raise BadArgument("busy_timeout_ms", f"must be in 0 .. {_MAX_TIMEOUT_MS}, got {busy_timeout_ms}")
+        raise BadArgument(
+            "busy_timeout_ms", f"must be in 0 .. {_MAX_TIMEOUT_MS}, got {busy_timeout_ms}"
+        )
     try:
-        conn = sqlite3.connect(path, isolation_level=None, timeout=busy_timeout_ms / 1000,
-                               check_same_thread=False, uri=path.startswith("file:"))
+        conn = sqlite3.connect(
+            path,
+            isolation_level=None,
+            timeout=busy_timeout_ms / 1000,
+            check_same_thread=False,
+            uri=path.startswith("file:"),
+        )
     except sqlite3.Error as exc:
         raise BadArgument("path", f"cannot open {path!r}: {exc}") from None
     db = sqlite_utils.Database(conn)
     try:
         execute(db, "PRAGMA foreign_keys = ON")
-        if path != ":memory:" and "mode=memory" not in path and not path.startswith("file::memory:"):
+        if (
+            path != ":memory:"
+            and "mode=memory" not in path
+            and not path.startswith("file::memory:")
+        ):
             if execute(db, "PRAGMA journal_mode")[0][0] != "wal":
                 execute(db, "PRAGMA journal_mode = WAL")
         if not execute(db, "SELECT 1 FROM sqlite_master WHERE name = 'invoices'"):
@@ -131,19 +154,6 @@ def check_name(value: Any, argument: str) -> str:
     return value
 
 
-def check_int(value: Any, argument: str) -> int:
-    """Return ``value`` if it is an int in SQLite's range 0 .. 2**63-1, else raise naming ``argument``.
-
-    Bools are refused: ``True`` is not a generation.
-    """
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadArgumentType(argument, f"must be an int, got {type(value).__name__}")
-    if not 0 <= value < 2 ** 63:
-        shown = value if value.bit_length() <= 80 else f"an int of {value.bit_length()} bits"
-        raise BadArgument(argument, f"must be in 0 .. 2**63-1, got {shown}")
-    return value
-
-
 def quote(identifier: str) -> str:
     """Quote an SQL identifier (a table or column name) the one way labkit does."""
     check_name(identifier, "identifier")
@@ -166,8 +176,11 @@ def check_db(db, argument: str = "db") -> sqlite3.Connection:
     except sqlite3.ProgrammingError:  # closed: the first statement says so
         return conn
     if implicit:
-        raise BadArgument(argument, "the connection must have isolation_level=None, so that no "
-                                    "implicit transaction surprises anyone: open it with labkit.connect()")
+        raise BadArgument(
+            argument,
+            "the connection must have isolation_level=None, so that no "
+            "implicit transaction surprises anyone: open it with labkit.connect()",
+        )
     return conn
 
 
@@ -183,8 +196,9 @@ def _stale(conn: sqlite3.Connection, params: Any) -> StaleGeneration:
                     break
     if isinstance(job, str):
         with contextlib.suppress(sqlite3.Error):
-            row = conn.execute("SELECT epoch, generation FROM job_fence WHERE job_id = ?",
-                               (job,)).fetchone()
+            row = conn.execute(
+                "SELECT epoch, generation FROM job_fence WHERE job_id = ?", (job,)
+            ).fetchone()
             if row is not None:
                 current = row[1] if row[0] == 0 else tuple(row)
     return StaleGeneration(offered, current, job)
@@ -295,7 +309,8 @@ def transaction(db) -> Iterator[sqlite3.Connection]:
         with contextlib.suppress(sqlite3.Error, LabkitError):
             execute(conn, "ROLLBACK")
         if isinstance(exc, sqlite3.Error) and any(
-                m in str(exc) for m in (STALE_MESSAGE, NOT_INT_MESSAGE, NULL_JOB_MESSAGE)):
+            m in str(exc) for m in (STALE_MESSAGE, NOT_INT_MESSAGE, NULL_JOB_MESSAGE)
+        ):
             raise _translate(exc, conn) from exc
         raise
     try:
@@ -348,8 +363,12 @@ def ensure_schema(db, table: str, ddl: str) -> bool:
         ...     ensure_schema(db, "notes", "CREATE TABLE notes (text TEXT)")
         (True, False)
     """
-    return ensure(db, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                  (check_name(table, "table"),), ddl)
+    return ensure(
+        db,
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+        (check_name(table, "table"),),
+        ddl,
+    )
 
 
 def in_transaction(db) -> bool:

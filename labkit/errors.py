@@ -7,10 +7,48 @@ catch the whole family with one ``except``. Bad arguments are also
 
 from __future__ import annotations
 
+import math
+
 __all__ = [
-    "LabkitError", "BadArgument", "BadArgumentType", "LeaseHeld", "LeaseLost",
-    "StaleGeneration", "KeyReused", "Busy",
+    "LabkitError",
+    "BadArgument",
+    "BadArgumentType",
+    "LeaseHeld",
+    "LeaseLost",
+    "StaleGeneration",
+    "KeyReused",
+    "Busy",
 ]
+
+
+#: the largest integer SQLite stores: generations and counters stay in 0 .. MAX_INT
+MAX_INT = 2**63 - 1
+
+
+def check_number(
+    value, argument: str, *, integer=False, positive=False, signed=False, low=None, high=None
+):
+    """Return ``value`` as a float (an int when ``integer``), or raise naming ``argument``.
+
+    The one number check: bools and non-numbers are a :class:`BadArgumentType`; NaN,
+    infinities, ints beyond a float's range, negatives (unless ``signed``), zero when
+    ``positive`` and values outside ``low`` .. ``high`` are a :class:`BadArgument`.
+    """
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        kind = "an int" if integer else "a number"
+        raise BadArgumentType(argument, f"must be {kind}, got {type(value).__name__}")
+    try:
+        finite = integer or math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        finite = False
+    shown = repr(value) if len(repr(value)) <= 40 else f"an int of {value.bit_length()} bits"
+    if not finite:
+        raise BadArgument(argument, f"must be finite, got {shown}")
+    if (value < 0 and not signed) or (positive and value == 0):
+        raise BadArgument(argument, f"must be {'> 0' if positive else '>= 0'}, got {shown}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise BadArgument(argument, f"must be in {low or 0} .. {high}, got {shown}")
+    return value if integer else float(value)
 
 
 class LabkitError(Exception):

@@ -15,8 +15,17 @@ from typing import Any, Iterator
 
 import sqlite_utils
 
-from .db import check_db, check_int, check_name, ensure, execute, in_transaction, quote, transaction
-from .errors import BadArgument, BadArgumentType, LabkitError, StaleGeneration
+from labkit.db import (
+    check_db,
+    check_name,
+    ensure,
+    execute,
+    in_transaction,
+    quote,
+    transaction,
+)
+from labkit.errors import BadArgument, BadArgumentType, LabkitError, StaleGeneration
+from labkit.errors import check_number, MAX_INT
 
 __all__ = ["Fence", "Tx", "token", "unfenced", "check_tx"]
 
@@ -48,8 +57,10 @@ END"""
 
 
 def _missing(job: str) -> LabkitError:
-    return LabkitError(f"the fence row of job {job!r} is gone: a fence must never be reset; "
-                       "restore it with its highest token")
+    return LabkitError(
+        f"the fence row of job {job!r} is gone: a fence must never be reset; "
+        "restore it with its highest token"
+    )
 
 
 def token(generation: Any, argument: str = "generation") -> tuple[int, int]:
@@ -61,9 +72,13 @@ def token(generation: Any, argument: str = "generation") -> tuple[int, int]:
     """
     if isinstance(generation, (tuple, list)):
         if len(generation) != 2:
-            raise BadArgument(argument, f"must be an int or an (epoch, counter) pair, got {generation!r}")
-        return check_int(generation[0], argument), check_int(generation[1], argument)
-    return 0, check_int(generation, argument)
+            raise BadArgument(
+                argument, f"must be an int or an (epoch, counter) pair, got {generation!r}"
+            )
+        return check_number(generation[0], argument, integer=True, high=MAX_INT), check_number(
+            generation[1], argument, integer=True, high=MAX_INT
+        )
+    return 0, check_number(generation, argument, integer=True, high=MAX_INT)
 
 
 def show(pair: tuple[int, int]) -> int | tuple[int, int]:
@@ -110,7 +125,9 @@ class Tx:
         if self.job is not None:
             check_name(self.job, "job")
             if not isinstance(self._block, _Block):
-                raise BadArgument("job", "only Fence.guard makes a fenced Tx; use Fence(db, job).guard(token)")
+                raise BadArgument(
+                    "job", "only Fence.guard makes a fenced Tx; use Fence(db, job).guard(token)"
+                )
 
     @property
     def live(self) -> bool:
@@ -164,8 +181,8 @@ def unfenced(db, generation=0) -> Iterator[Tx]:
 
     The unprotected path, and the transaction :func:`labkit.run_once` opens on a
     database. The ``Tx`` carries ``generation`` as its token but nothing checked
-    it, so fenced stores (:class:`~labkit.effects.FencedFileStore`,
-    :class:`~labkit.effects.Outbox`) refuse it. It is dead once the block ends.
+    it, so fenced stores (:class:`~labkit.mechanisms.effects.FencedFileStore`,
+    :class:`~labkit.mechanisms.effects.Outbox`) refuse it. It is dead once the block ends.
 
     Raises:
         BadArgument, BadArgumentType: ``db`` or ``generation`` is not usable (nothing ran).
@@ -221,9 +238,14 @@ class Fence:
 
     def __init__(self, db, job: str) -> None:
         self.db, self.job = db, check_name(job, "job")
-        ensure(db, "SELECT 1 FROM job_fence WHERE job_id = ?", (self.job,),
-               "INSERT INTO job_fence(job_id, epoch, generation) VALUES (?, 0, 0) "
-               "ON CONFLICT(job_id) DO NOTHING", (self.job,))
+        ensure(
+            db,
+            "SELECT 1 FROM job_fence WHERE job_id = ?",
+            (self.job,),
+            "INSERT INTO job_fence(job_id, epoch, generation) VALUES (?, 0, 0) "
+            "ON CONFLICT(job_id) DO NOTHING",
+            (self.job,),
+        )
 
     def current(self) -> int | tuple[int, int]:
         """Return the highest token the fence has accepted (an int while the epoch is 0).
@@ -237,7 +259,9 @@ class Fence:
             >>> Fence(connect(), "job").current()
             0
         """
-        rows = execute(self.db, "SELECT epoch, generation FROM job_fence WHERE job_id = ?", (self.job,))
+        rows = execute(
+            self.db, "SELECT epoch, generation FROM job_fence WHERE job_id = ?", (self.job,)
+        )
         if not rows:
             raise _missing(self.job)
         return show(rows[0])
@@ -278,11 +302,14 @@ class Fence:
         """
         epoch, counter = token(generation)
         with transaction(self.db) as conn:
-            raised = execute(conn, """
+            raised = execute(
+                conn,
+                """
                 UPDATE job_fence SET epoch = :epoch, generation = :generation
                 WHERE job_id = :job AND (epoch, generation) <= (:epoch, :generation)
                 RETURNING epoch, generation""",
-                {"epoch": epoch, "generation": counter, "job": self.job})
+                {"epoch": epoch, "generation": counter, "job": self.job},
+            )
             if not raised:
                 raise StaleGeneration(show((epoch, counter)), self.current(), self.job)
             with _open(conn, (epoch, counter), self.job) as tx:
@@ -335,30 +362,45 @@ class Fence:
         table, column = check_name(table, "table"), check_name(column, "column")
         if table.lower() in _OWN_TABLES:
             raise BadArgument("table", f"{table!r} is one of labkit's own tables")
-        kinds = execute(self.db, "SELECT type FROM sqlite_master WHERE name = ? COLLATE NOCASE", (table,))
+        kinds = execute(
+            self.db, "SELECT type FROM sqlite_master WHERE name = ? COLLATE NOCASE", (table,)
+        )
         if ("table",) not in kinds:
             raise BadArgument("table", f"there is no table named {table!r}")
-        columns = {name.lower() for (name,) in
-                   execute(self.db, "SELECT name FROM pragma_table_info(?)", (table,))}
+        columns = {
+            name.lower()
+            for (name,) in execute(self.db, "SELECT name FROM pragma_table_info(?)", (table,))
+        }
         if "job_id" not in columns:
-            raise BadArgument("table", f"{table!r} has no job_id column: protect() fences rows by job_id")
+            raise BadArgument(
+                "table", f"{table!r} has no job_id column: protect() fences rows by job_id"
+            )
         if column.lower() not in columns:
             raise BadArgument("column", f"{table!r} has no column {column!r}")
         t, c = quote(table), quote(column)
         with transaction(self.db):
-            execute(self.db, "CREATE TABLE IF NOT EXISTS labkit_protected ("
-                             "table_name TEXT, column_name TEXT, PRIMARY KEY (table_name, column_name))")
+            execute(
+                self.db,
+                "CREATE TABLE IF NOT EXISTS labkit_protected ("
+                "table_name TEXT, column_name TEXT, PRIMARY KEY (table_name, column_name))",
+            )
             for event in ("INSERT", "UPDATE"):
                 name = quote(f"labkit_fence:{len(table)}:{table}:{column}:{event.lower()}")
                 execute(self.db, _TRIGGER.format(name=name, event=event, table=t, column=c))
-            execute(self.db, f"""
+            execute(
+                self.db,
+                f"""
                 INSERT INTO job_fence(job_id, epoch, generation)
                 SELECT job_id, 0, max({c}) FROM {t}
                 WHERE typeof({c}) = 'integer' AND job_id IS NOT NULL GROUP BY job_id
                 ON CONFLICT(job_id) DO UPDATE SET generation = excluded.generation
-                WHERE epoch = 0 AND generation < excluded.generation""")
-            execute(self.db, "INSERT INTO labkit_protected VALUES (?, ?) ON CONFLICT DO NOTHING",
-                    (table, column))
+                WHERE epoch = 0 AND generation < excluded.generation""",
+            )
+            execute(
+                self.db,
+                "INSERT INTO labkit_protected VALUES (?, ?) ON CONFLICT DO NOTHING",
+                (table, column),
+            )
 
     def __repr__(self) -> str:
         return f"Fence(job={self.job!r})"

@@ -12,9 +12,9 @@ import contextlib
 import json
 from typing import Any, Callable
 
-from .db import check_db, check_name, execute, rowcount
-from .errors import BadArgument, BadArgumentType, KeyReused, LabkitError
-from .fence import Tx, unfenced
+from labkit.db import check_db, check_name, execute, rowcount
+from labkit.errors import BadArgument, BadArgumentType, KeyReused, LabkitError
+from labkit.fence import Tx, unfenced
 
 __all__ = ["run_once"]
 
@@ -75,26 +75,34 @@ def run_once(db_or_tx, key: str, effect: Callable[[Tx], Any], *, payload: Any = 
     offered = canonical(payload, "payload")
     if isinstance(db_or_tx, Tx):
         if not db_or_tx.live:
-            raise BadArgument("db_or_tx", "this tx's transaction has ended; call run_once inside the with block")
+            raise BadArgument(
+                "db_or_tx", "this tx's transaction has ended; call run_once inside the with block"
+            )
         return _in_savepoint(db_or_tx, key, effect, offered)
     check_db(db_or_tx, "db_or_tx")
-    with unfenced(db_or_tx) as tx:          # no fence: tx.job is None, fenced stores refuse it
+    with unfenced(db_or_tx) as tx:  # no fence: tx.job is None, fenced stores refuse it
         return _in_savepoint(tx, key, effect, offered)
 
 
 def _in_savepoint(tx: Tx, key: str, effect, offered: str) -> Any:
     execute(tx.conn, "SAVEPOINT run_once")
     try:
-        won = rowcount(tx.conn, "INSERT INTO idempotency_keys(key, payload, result) "
-                                "VALUES (?, ?, NULL) ON CONFLICT(key) DO NOTHING", (key, offered))
+        won = rowcount(
+            tx.conn,
+            "INSERT INTO idempotency_keys(key, payload, result) "
+            "VALUES (?, ?, NULL) ON CONFLICT(key) DO NOTHING",
+            (key, offered),
+        )
         if won == 1:
             result_json = canonical(effect(tx), "effect")
-            execute(tx.conn, "UPDATE idempotency_keys SET result = ? WHERE key = ?",
-                    (result_json, key))
+            execute(
+                tx.conn, "UPDATE idempotency_keys SET result = ? WHERE key = ?", (result_json, key)
+            )
             result = json.loads(result_json)  # the same value a repeat will return
         else:
             stored, result_json = execute(
-                tx.conn, "SELECT payload, result FROM idempotency_keys WHERE key = ?", (key,))[0]
+                tx.conn, "SELECT payload, result FROM idempotency_keys WHERE key = ?", (key,)
+            )[0]
             if stored != offered:
                 raise KeyReused(key, stored, offered)
             result = json.loads(result_json)

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 import math
 
-from .clock import Clock, check_clock, check_seconds, read_clock
-from .db import check_db, check_int, check_name, execute, rowcount, transaction
-from .errors import BadArgument, BadArgumentType, LeaseHeld, LeaseLost
+from labkit.clock import Clock, check_clock, read_clock
+from labkit.db import check_db, check_name, execute, rowcount, transaction
+from labkit.errors import BadArgument, BadArgumentType, LeaseHeld, LeaseLost
+from labkit.errors import check_number, MAX_INT
 
 __all__ = ["Lease", "LeaseAuthority"]
 
@@ -45,10 +46,12 @@ class Lease:
     def __post_init__(self) -> None:
         check_name(self.name, "name")
         check_name(self.owner, "owner")
-        check_int(self.generation, "generation")
-        check_seconds(self.ttl, "ttl", allow_zero=False)
+        check_number(self.generation, "generation", integer=True, high=MAX_INT)
+        check_number(self.ttl, "ttl", positive=True)
         if isinstance(self.expires_at, bool) or not isinstance(self.expires_at, (int, float)):
-            raise BadArgumentType("expires_at", f"must be a number, got {type(self.expires_at).__name__}")
+            raise BadArgumentType(
+                "expires_at", f"must be a number, got {type(self.expires_at).__name__}"
+            )
         if not math.isfinite(self.expires_at):
             raise BadArgument("expires_at", f"must be finite, got {self.expires_at!r}")
 
@@ -94,29 +97,45 @@ class LeaseAuthority:
             True
         """
         name, owner = check_name(name, "name"), check_name(owner, "owner")
-        ttl = check_seconds(ttl, "ttl", allow_zero=False)
+        ttl = check_number(ttl, "ttl", positive=True)
         with transaction(self.db):
             now = read_clock(self.clock)
             if not math.isfinite(now + ttl):
                 raise BadArgument("ttl", f"now + ttl must be finite, got {now} + {ttl}")
-            execute(self.db, "INSERT INTO lease_counter(name, generation) VALUES (?, 0) "
-                             "ON CONFLICT(name) DO NOTHING", (name,))
-            won = execute(self.db, """
+            execute(
+                self.db,
+                "INSERT INTO lease_counter(name, generation) VALUES (?, 0) "
+                "ON CONFLICT(name) DO NOTHING",
+                (name,),
+            )
+            won = execute(
+                self.db,
+                """
                 UPDATE lease_counter SET generation = generation + 1
                 WHERE name = :name AND NOT EXISTS (
                     SELECT 1 FROM leases WHERE name = :name AND expires_at > :now)
-                RETURNING generation""", {"name": name, "now": now})
+                RETURNING generation""",
+                {"name": name, "now": now},
+            )
             if not won:
                 return None
             lease = Lease(name, owner, won[0][0], now + ttl, ttl)
-            execute(self.db, """
+            execute(
+                self.db,
+                """
                 INSERT INTO leases(name, owner, generation, expires_at, ttl)
                 VALUES (:name, :owner, :generation, :expires_at, :ttl)
                 ON CONFLICT(name) DO UPDATE SET owner = excluded.owner,
                     generation = excluded.generation, expires_at = excluded.expires_at,
                     ttl = excluded.ttl""",
-                {"name": name, "owner": owner, "generation": lease.generation,
-                 "expires_at": lease.expires_at, "ttl": ttl})
+                {
+                    "name": name,
+                    "owner": owner,
+                    "generation": lease.generation,
+                    "expires_at": lease.expires_at,
+                    "ttl": ttl,
+                },
+            )
             return lease
 
     def acquire(self, name: str, owner: str, ttl: float) -> Lease:
@@ -180,12 +199,20 @@ class LeaseAuthority:
             expires_at = now + lease.ttl
             if not math.isfinite(expires_at):
                 raise BadArgument("lease", f"now + ttl must be finite, got {now} + {lease.ttl}")
-            changed = rowcount(self.db, """
+            changed = rowcount(
+                self.db,
+                """
                 UPDATE leases SET expires_at = :expires_at
                 WHERE name = :name AND owner = :owner AND generation = :generation
                   AND expires_at > :now""",
-                {"expires_at": expires_at, "name": lease.name, "owner": lease.owner,
-                 "generation": lease.generation, "now": now})
+                {
+                    "expires_at": expires_at,
+                    "name": lease.name,
+                    "owner": lease.owner,
+                    "generation": lease.generation,
+                    "now": now,
+                },
+            )
         if changed != 1:
             raise LeaseLost(lease.name, lease.owner, lease.generation)
         return Lease(lease.name, lease.owner, lease.generation, expires_at, lease.ttl)
@@ -211,10 +238,13 @@ class LeaseAuthority:
         """
         lease = _check_lease(lease)
         with transaction(self.db):
-            changed = rowcount(self.db, """
+            changed = rowcount(
+                self.db,
+                """
                 DELETE FROM leases
                 WHERE name = :name AND owner = :owner AND generation = :generation""",
-                {"name": lease.name, "owner": lease.owner, "generation": lease.generation})
+                {"name": lease.name, "owner": lease.owner, "generation": lease.generation},
+            )
         if changed != 1:
             raise LeaseLost(lease.name, lease.owner, lease.generation)
 
@@ -230,8 +260,12 @@ class LeaseAuthority:
             True
         """
         name = check_name(name, "name")
-        rows = execute(self.db, "SELECT name, owner, generation, expires_at, ttl FROM leases "
-                                "WHERE name = ? AND expires_at > ?", (name, read_clock(self.clock)))
+        rows = execute(
+            self.db,
+            "SELECT name, owner, generation, expires_at, ttl FROM leases "
+            "WHERE name = ? AND expires_at > ?",
+            (name, read_clock(self.clock)),
+        )
         return Lease(*rows[0]) if rows else None
 
     def __repr__(self) -> str:

@@ -397,10 +397,10 @@ def find_lost_updates(history):
     return sorted(lost, key=history.index)
 ''',
     "from labkit.check's overwriting events back to the writes they replaced": '''
-import labkit.history
+import labkit.sim.history
 def find_lost_updates(history):
     lost = []
-    for v in labkit.history.check(history):
+    for v in labkit.sim.history.check(history):
         if v.kind != "lost_update":
             continue
         i = history.index(v.event)
@@ -502,7 +502,7 @@ NEXT = "UPDATE epoch_counter SET counter = counter + 1 WHERE name = ? RETURNING 
 '''
 ISSUE_RIGHT = {
     "labkit's EpochIssuer": '''
-from labkit.issuers import EpochIssuer
+from labkit.mechanisms.issuers import EpochIssuer
 from labkit.fence import token
 def issue(store, authority, name, recovered):
     issuer = EpochIssuer(store, name)

@@ -51,7 +51,7 @@ def conservative_deadline(send_time, ttl, margin, max_drift):
 # --------------------------------------------------------------------- 05.2 holder loop
 HOLDER_RIGHT = {
     "renew before every unit, keep the later deadline": '''
-from labkit.timing import conservative_deadline
+from labkit.mechanisms.timing import conservative_deadline
 
 def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):
     deadline = conservative_deadline(acquired_at, ttl, margin, max_drift)
@@ -63,7 +63,7 @@ def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):
             deadline = max(deadline, conservative_deadline(sent, ttl, margin, max_drift))
 ''',
     "stop at the first failed renewal, renew at two thirds": '''
-from labkit.timing import conservative_deadline
+from labkit.mechanisms.timing import conservative_deadline
 
 def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):
     def until(sent):
@@ -82,7 +82,7 @@ def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):
 }
 
 _LOOP = '''
-from labkit.timing import conservative_deadline
+from labkit.mechanisms.timing import conservative_deadline
 
 def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):
     deadline = conservative_deadline(acquired_at, ttl, margin, max_drift)
@@ -108,7 +108,7 @@ HOLDER_WRONG = {
     "ignores drift": (_LOOP.replace("ttl, margin, max_drift)\n", "ttl, margin, 0.0)\n"),
                       "after the conservative deadline"),
     "keeps working while renewal is uncertain": ('''
-from labkit.timing import conservative_deadline
+from labkit.mechanisms.timing import conservative_deadline
 
 def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):
     deadline = conservative_deadline(acquired_at, ttl, margin, max_drift)
@@ -119,7 +119,7 @@ def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):
                 deadline = conservative_deadline(sent, ttl, margin, max_drift)
 ''', "after the conservative deadline"),
     "checks the deadline only when renewing": ('''
-from labkit.timing import conservative_deadline
+from labkit.mechanisms.timing import conservative_deadline
 
 def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):
     deadline = conservative_deadline(acquired_at, ttl, margin, max_drift)
@@ -133,7 +133,7 @@ def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):
             return
 ''', "after the conservative deadline"),
     "never renews": ('''
-from labkit.timing import conservative_deadline
+from labkit.mechanisms.timing import conservative_deadline
 
 def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):
     deadline = conservative_deadline(acquired_at, ttl, margin, max_drift)
@@ -145,7 +145,7 @@ def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):
     return None
 ''', "finishes the job"),
     "waits for time to pass on its own": ('''
-from labkit.timing import conservative_deadline
+from labkit.mechanisms.timing import conservative_deadline
 
 def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):
     deadline = conservative_deadline(acquired_at, ttl, margin, max_drift)
@@ -370,13 +370,13 @@ def sweep(db, now, older_than):
 
 # --------------------------------------------------------------------- 07.2 resume
 RESUME_RIGHT = {
-    "labkit.recovery.produce per unit, checkpoint on the batch's last unit": '''
+    "labkit.mechanisms.recovery.produce per unit, checkpoint on the batch's last unit": '''
 from labkit import Fence
-from labkit.recovery import produce
+from labkit.mechanisms.recovery import produce
 
 def run_job(claims, claim, units, issue_invoice, *, every):
     from labkit import run_once
-    from labkit.recovery import operation_key
+    from labkit.mechanisms.recovery import operation_key
     fence = Fence(claims.db, claim.job)
     for i, (unit, amount) in enumerate(units):
         if i < claim.progress:

@@ -1,4 +1,4 @@
-"""labkit.chaos: a seeded nemesis against real processes; protected passes, unprotected is caught."""
+"""labkit.processes.chaos: a seeded nemesis against real processes; protected passes, unprotected is caught."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from labkit.chaos import main, schedule
+from labkit.processes.chaos import main, schedule
 
 
 def test_the_same_seed_gives_the_same_plan():

@@ -4,7 +4,7 @@ import pytest
 
 from labkit import BadArgument, BadArgumentType, LeaseAuthority
 from labkit.db import execute, transaction
-from labkit.history import VIOLATION_KINDS, Event, Violation, check
+from labkit.sim.history import VIOLATION_KINDS, Event, Violation, check
 from labkit.scenarios import SCENARIOS
 from labkit.sim import LEASE, Sim
 

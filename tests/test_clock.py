@@ -5,7 +5,8 @@ import math
 import pytest
 
 import labkit
-from labkit.clock import check_seconds, read_clock
+from labkit.clock import read_clock
+from labkit.errors import check_number
 
 
 def test_virtual_clock_starts_where_told_and_moves_only_when_advanced():
@@ -53,10 +54,10 @@ def test_real_clock_is_monotonic():
 
 def test_check_seconds_accepts_ints_and_floats_as_floats():
     """Ints and floats become floats; zero is allowed unless refused."""
-    assert check_seconds(3, "ttl") == 3.0 and isinstance(check_seconds(3, "ttl"), float)
-    assert check_seconds(0, "ttl") == 0.0
+    assert check_number(3, "ttl") == 3.0 and isinstance(check_number(3, "ttl"), float)
+    assert check_number(0, "ttl") == 0.0
     with pytest.raises(labkit.BadArgument, match="ttl"):
-        check_seconds(0, "ttl", allow_zero=False)
+        check_number(0, "ttl", positive=True)
 
 
 def test_read_clock_refuses_a_clock_that_answers_nonsense():

@@ -7,7 +7,7 @@ import pytest
 import labkit
 from labkit import BadArgument, BadArgumentType, Fence, KeyReused, LeaseAuthority, StaleGeneration
 from labkit.db import execute
-from labkit.effects import EmailProvider, ETagStore, FencedFileStore, Outbox, PaymentProvider
+from labkit.mechanisms.effects import EmailProvider, ETagStore, FencedFileStore, Outbox, PaymentProvider
 
 
 @pytest.fixture

@@ -237,7 +237,7 @@ def test_only_a_guard_makes_a_tx_with_a_job(db):
 
 def test_a_new_fence_and_a_store_can_be_made_inside_an_open_transaction(db, tmp_path):
     """Fence(db, new job) and a store's schema install join a transaction already open on the connection."""
-    from labkit.effects import FencedFileStore
+    from labkit.mechanisms.effects import FencedFileStore
     with Fence(db, "job").guard(1):
         fence, store = Fence(db, "job2"), FencedFileStore(db, tmp_path / "files", "job3")
         assert (fence.current(), store.fence.current()) == (0, 0)

@@ -71,7 +71,7 @@ def test_a_crashed_worker_really_leaves_invoices_the_checkpoint_does_not_know():
     assert broken and "never repeats an invoice" in broken
     c4 = [e.worker for e in history if e.action == "write" and "(c4)" in e.target]
     assert c4 == ["B", "C"]
-    right = CORPUS["07.2"]["right"]["labkit.recovery.produce per unit, checkpoint on the batch's last unit"]
+    right = CORPUS["07.2"]["right"]["labkit.mechanisms.recovery.produce per unit, checkpoint on the batch's last unit"]
     broken, history = _trial("07.2", right, "run_job", story)
     assert broken is None and [e.worker for e in history if e.action == "crash"] == ["B"]
     assert sorted(e.target.split()[1] for e in history if e.action == "write") == \

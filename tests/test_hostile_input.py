@@ -20,10 +20,10 @@ import labkit
 from labkit import (BadArgument, BadArgumentType, Busy, Fence, LabkitError, Lease,
                     LeaseAuthority, Tx, VirtualClock, run_once)
 from labkit.db import execute, quote, rowcount, transaction
-from labkit.effects import FencedFileStore, Outbox, PaymentProvider
-from labkit.issuers import cleanup_expired, naive_cleanup
-from labkit.recovery import Claims, produce
-from labkit.timing import VersionLease
+from labkit.mechanisms.effects import FencedFileStore, Outbox, PaymentProvider
+from labkit.mechanisms.issuers import cleanup_expired, naive_cleanup
+from labkit.mechanisms.recovery import Claims, produce
+from labkit.mechanisms.timing import VersionLease
 
 from conftest import dump
 

@@ -4,7 +4,7 @@ import pytest
 
 from labkit import BadArgument, BadArgumentType, Fence, LeaseAuthority, StaleGeneration
 from labkit.db import execute
-from labkit.issuers import (DurableCounter, EpochAuthority, EpochIssuer, ReplicatedIssuer, backup,
+from labkit.mechanisms.issuers import (DurableCounter, EpochAuthority, EpochIssuer, ReplicatedIssuer, backup,
                             bump_is_safe, cleanup_expired, naive_cleanup, restore)
 
 

@@ -1,4 +1,4 @@
-"""labkit.live: a real process frozen for real, its successor, its stale write, and no process left behind."""
+"""labkit.processes.live: a real process frozen for real, its successor, its stale write, and no process left behind."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 
 from polling import wait_for
 
-from labkit.live import Demo, png, proc_state, run_demo
-from labkit.procs import WORKING
+from labkit.processes.live import Demo, png, proc_state, run_demo
+from labkit.processes.workers import WORKING
 
 
 
@@ -32,7 +32,7 @@ def gone(pid: int) -> bool:
 
 
 def worker_children() -> list[int]:
-    """Pids of live ``labkit.procs`` processes whose parent is this test process."""
+    """Pids of live ``labkit.processes.workers`` processes whose parent is this test process."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -43,7 +43,7 @@ def worker_children() -> list[int]:
                     command = f.read()
             except (OSError, ValueError, IndexError):
                 continue
-            if ppid == os.getpid() and b"labkit.procs" in command and not gone(int(entry)):
+            if ppid == os.getpid() and b"labkit.processes.workers" in command and not gone(int(entry)):
                 found.append(int(entry))
     return found
 
@@ -115,7 +115,7 @@ def test_an_interrupt_stops_every_process_and_a_second_demo_starts_right_after(t
 
 KERNEL = """
 import sys, time
-from labkit.live import Demo
+from labkit.processes.live import Demo
 demo = Demo(workers=2, ttl=0.5, root=sys.argv[1]).start()
 print(*[p.pid for p in demo.procs.values()], flush=True)
 time.sleep(60)

@@ -6,11 +6,11 @@ import pytest
 
 from labkit import BadArgument, BadArgumentType
 from labkit import scenarios as ms
-from labkit import scenarios_delays, scenarios_effects, scenarios_issuers, scenarios_recovery, scenarios_waiting
-from labkit.issuers import bump_is_safe
+from labkit.scenarios import delays, effects, issuers, recovery, waiting
+from labkit.mechanisms.issuers import bump_is_safe
 from labkit.sim import SCENARIOS
 
-MODULES = (scenarios_issuers, scenarios_delays, scenarios_waiting, scenarios_recovery, scenarios_effects)
+MODULES = (issuers, delays, waiting, recovery, effects)
 NAMES = [name for module in MODULES for name in module.__all__]   # lessons 04-08's nine scenarios
 
 
@@ -257,8 +257,8 @@ def test_bad_knobs_are_refused_by_name(name, knob, value):
     assert caught.value.argument == knob
 
 
-@pytest.mark.parametrize("module", [m.__name__.split(".")[1] for m in MODULES]
-                         + ["issuers", "timing", "recovery", "effects"])
+@pytest.mark.parametrize("module", [m.__name__.removeprefix("labkit.") for m in MODULES]
+                         + [f"mechanisms.{m}" for m in ("issuers", "timing", "recovery", "effects")])
 def test_docstring_examples_hold(module):
     """Every example in the docstrings of lessons 04-08's modules runs and prints what it shows."""
     import doctest

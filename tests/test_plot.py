@@ -11,10 +11,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from labkit import BadArgument  # noqa: E402
-from labkit.plot import outcome_map, present, timeline  # noqa: E402
+from labkit.views.plot import outcome_map, present, timeline  # noqa: E402
 from labkit.scenarios import SCENARIOS, expired_but_alive, lock_wait  # noqa: E402
 from labkit.sim import Result  # noqa: E402
-from labkit.widgets import TimelineRenderer, explore, replay  # noqa: E402
+from labkit.views.widgets import TimelineRenderer, explore, replay  # noqa: E402
 
 LEGEND = ["lease held", "lease expires (authority)", "paused", "waiting for the lock", "read",
           "lease refused (held)", "write accepted", "write replaced later", "write rejected (stale)",
@@ -100,7 +100,7 @@ def test_present_changes_settings_only_when_called_and_restores_them():
 
 def test_importing_labkit_changes_no_matplotlib_setting():
     """No settings are changed at import time."""
-    code = ("import matplotlib as m; d = dict(m.rcParams); import labkit, labkit.plot, labkit.widgets, "
+    code = ("import matplotlib as m; d = dict(m.rcParams); import labkit, labkit.views.plot, labkit.views.widgets, "
             "labkit.scenarios; print(d == dict(m.rcParams))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "True"

@@ -15,9 +15,9 @@ import pytest
 from polling import WAIT, wait_for
 
 import labkit
-from labkit.history import check
-from labkit.team import Team, proc_state
-from labkit.procs import WORKING
+from labkit.sim.history import check
+from labkit.processes.team import Team, proc_state
+from labkit.processes.workers import WORKING
 
 
 

@@ -5,7 +5,7 @@ import pytest
 import labkit
 from labkit import BadArgument, BadArgumentType, Fence, LeaseLost, StaleGeneration
 from labkit.db import execute, transaction
-from labkit.recovery import Claim, Claims, operation_key, produce
+from labkit.mechanisms.recovery import Claim, Claims, operation_key, produce
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from labkit.history import check
+from labkit.sim.history import check
 from labkit.scenarios import SCENARIOS
 
 # scenario -> (knob grid, the violation kinds its naive variant must show)
@@ -36,7 +36,7 @@ def grid(knobs):
 
 def test_every_scenario_is_swept():
     """The sweep covers every scenario of lessons 01-03 (and fails loudly if one is added unswept)."""
-    mine = {name for name, f in SCENARIOS.items() if f.__module__ == "labkit.scenarios_fencing"}
+    mine = {name for name, f in SCENARIOS.items() if f.__module__ == "labkit.scenarios.fencing"}
     assert mine == set(SWEEPS)
 
 

@@ -6,7 +6,7 @@ import pytest
 import simpy
 
 from labkit import BadArgument, BadArgumentType
-from labkit.history import Event
+from labkit.sim.history import Event
 from labkit.sim import JOB, LEASE, Crashed, NoResponse, Sim, play
 from labkit.scenarios import expired_but_alive, lock_wait
 
@@ -202,7 +202,7 @@ def test_generator_processes_are_plain_simpy(sim):
     assert isinstance(sim.env, simpy.Environment) and isinstance(process, simpy.Process)
 
 
-@pytest.mark.parametrize("module", ["sim", "worker", "knobs", "verdict", "scenarios", "scenarios_fencing"])
+@pytest.mark.parametrize("module", ["sim.engine", "sim.worker", "sim.verdict", "scenarios", "scenarios.fencing"])
 def test_docstring_examples_hold(module):
     """Every example in the engine's and lessons 01-03's docstrings runs and prints what it shows."""
     import doctest
@@ -214,9 +214,9 @@ def test_docstring_examples_hold(module):
 def test_the_worked_example_in_the_sim_docstring_runs():
     """The scenario written out in labkit.sim's docstring runs as shown: A's late write is lost unprotected."""
     import textwrap
-    import labkit.sim
+    import labkit.sim.engine
     from labkit.sim import SCENARIOS
-    code = labkit.sim.__doc__.split("has)::\n")[1].split("\n:func:")[0]
+    code = labkit.sim.engine.__doc__.split("has)::\n")[1].split("\n:func:")[0]
     namespace = {}
     try:
         exec(textwrap.dedent(code), namespace)

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 import labkit
 from labkit import BadArgument, BadArgumentType, Fence, LeaseAuthority, LeaseLost, StaleGeneration
 from labkit.db import execute
-from labkit.timing import LeaseKeeper, Seen, VersionLease, backoff, conservative_deadline
+from labkit.mechanisms.timing import LeaseKeeper, Seen, VersionLease, backoff, conservative_deadline
 
 
 class Skewed:

@@ -1,0 +1,428 @@
+"""Grading checks of exercise 05 (registered in :mod:`labkit.grading`).
+
+* 05.1 the conservative local deadline, against the worst case of drift and margin.
+* 05.2 the holder loop: the answer keeps working under a real
+  :class:`~labkit.LeaseAuthority` on SQLite while the network delays or loses
+  renewals; successor B takes the lease the moment it expires, and no unit of
+  work may start after the deadline of the last confirmed renewal.
+"""
+
+from __future__ import annotations
+
+import math
+from random import Random
+
+from labkit.grading.lab import scratch
+from labkit.clock import VirtualClock
+from labkit.grading import Schedule, expect, schedules, task
+from labkit.sim.history import Event, check as violations
+from labkit.lease import LeaseAuthority
+
+
+# ---------------------------------------------------------------- 05.1 deadline
+
+
+def _worst_case(send_time: float, ttl: float, margin: float, max_drift: float) -> float:
+    """The latest local time that still leaves ``margin`` before the earliest possible expiry."""
+    return send_time + ttl * (1 - max_drift) - margin
+
+
+def _deadline_knobs(rng: Random) -> dict:
+    ttl = rng.choice([2.0, 5.0, 10.0, 30.0, 60.0, 120.0]) * rng.uniform(0.5, 1.5)
+    return {
+        "send_time": rng.choice([0.0, rng.uniform(0, 100), rng.uniform(1e3, 1e6)]),
+        "ttl": ttl,
+        "margin": ttl * rng.uniform(0.02, 0.3),
+        "max_drift": rng.choice([1e-4, 1e-3, 0.01, 0.05, 0.2]),
+    }
+
+
+DEADLINE_HOSTILE = [
+    {
+        "name": "the source's lease: 10 s, margin 1 s, clock up to 1% slow",
+        "send_time": 100.0,
+        "ttl": 10.0,
+        "margin": 1.0,
+        "max_drift": 0.01,
+    },
+    {
+        "name": "a perfect clock (no drift): only the margin",
+        "send_time": 512.25,
+        "ttl": 10.0,
+        "margin": 0.5,
+        "max_drift": 0.0,
+    },
+    {
+        "name": "no margin, a clock up to 5% slow: only the drift",
+        "send_time": 7.5,
+        "ttl": 30.0,
+        "margin": 0.0,
+        "max_drift": 0.05,
+    },
+    {
+        "name": "a monotonic clock that reads 843211.7 s (the holder's uptime)",
+        "send_time": 843211.7,
+        "ttl": 15.0,
+        "margin": 2.0,
+        "max_drift": 0.001,
+    },
+    {
+        "name": "a margin larger than the lease: no protected work at all",
+        "send_time": 40.0,
+        "ttl": 3.0,
+        "margin": 5.0,
+        "max_drift": 0.01,
+    },
+]
+
+
+@task(
+    "05.1",
+    "the conservative local deadline",
+    schedules(DEADLINE_HOSTILE, count=40, make=_deadline_knobs),
+)
+def deadline_check(answer, schedule: Schedule, history: list) -> None:
+    """Trial for 05.1: ``answer(send_time, ttl, margin, max_drift) -> local deadline``."""
+    k = schedule.knobs
+    send, ttl, margin, drift = k["send_time"], k["ttl"], k["margin"], k["max_drift"]
+    got = answer(send, ttl, margin, drift)
+    expect(
+        isinstance(got, (int, float)) and not isinstance(got, bool) and math.isfinite(got),
+        "the deadline is a finite number (a time on the holder's clock)",
+        f"it returned {got!r}",
+    )
+    latest = _worst_case(send, ttl, margin, drift)  # request arrives at once, clock runs slowest
+    # the world the check draws: the authority granted at the send, the holder's clock ran slow
+    expiry_local = send + ttl * (1 - drift)
+    history.append(Event(send, "A", "renew", "ok", 1, target="lease", until=send + ttl))
+    history.append(
+        Event(
+            send + (got - send) / (1 - drift) if drift < 1 else got,
+            "A",
+            "write",
+            "ok",
+            1,
+            target="last protected work",
+        )
+    )
+    history.append(Event(send + ttl, "B", "acquire", "ok", 2, target="lease", until=send + 2 * ttl))
+    slack = 1e-9 * max(1.0, abs(send), ttl)
+    expect(
+        got <= max(latest, send) + slack,
+        f"the deadline leaves the margin ({margin:g} s) before the earliest moment the lease can end "
+        f"on the holder's clock, send_time + ttl*(1 - max_drift) = {expiry_local:.6g}, even when the request "
+        "reached the authority at once and the holder's clock ran the slowest allowed",
+        f"deadline({send:g}, ttl={ttl:g}, margin={margin:g}, max_drift={drift:g}) = {got:.6g}, "
+        f"which leaves {expiry_local - got:.6g} s",
+    )
+    if latest > send:
+        expect(
+            got >= latest - 0.01 * ttl - slack,
+            "the deadline gives away no more of the lease than the margin and the drift require "
+            f"(here it can be {latest:.6g})",
+            f"it returned {got:.6g}",
+        )
+
+
+# ---------------------------------------------------------------- 05.2 holder loop
+
+
+class _Runaway(Exception):
+    """Raised into a holder loop that keeps calling without letting time pass."""
+
+
+class _HolderWorld:
+    """The world of one 05.2 trial: an authority on real SQLite, a network, a successor B.
+
+    True time is a :class:`VirtualClock`; the holder sees only its own clock,
+    ``offset + rate * true``. Time passes only inside ``renew()`` and ``work()``.
+    Whenever A's lease expires at the authority, B (who was waiting) takes it.
+    """
+
+    def __init__(self, db, schedule: Schedule, history: list) -> None:
+        self.k, self.rng, self.history = schedule.knobs, schedule.rng, history
+        self.true = VirtualClock(self.rng.uniform(0, 50))
+        self.rate = 1 + self.k["rate"] * self.k["max_drift"]  # rate in [1 - drift, 1 + drift]
+        self.offset = self.rng.uniform(100, 10_000)  # a monotonic clock's origin
+        self.authority = LeaseAuthority(db, self.true)
+        self.lease = None
+        self.b_holds = False
+        self.deadline = -math.inf  # the reference deadline from confirmed sends
+        self.units = self.done = self.renewals = self.calls = 0
+        self.first_late = None  # (local issue time, reference deadline) of the first late unit
+        self.pause_at = self.k.get("pause_at")
+        self.runaway = None
+
+    def _stop(self, why: str):
+        self.runaway = self.runaway or why  # remembered even if the loop swallows the exception
+        raise _Runaway(self.runaway)
+
+    # the holder's view
+    def now(self) -> float:
+        self.calls += 1
+        if self.calls > 200_000 or self.runaway:
+            self._stop(
+                "the holder loop keeps reading the clock: time passes only in renew() and work()"
+            )
+        return self.offset + self.rate * self.true.now()
+
+    def _draw(self, knob: str) -> float:
+        low, high = self.k[knob]
+        return self.rng.uniform(low, high)
+
+    def _advance(self, seconds: float) -> None:
+        """Let true time pass; B takes the lease the moment A's expires."""
+        end = self.true.now() + seconds
+        if self.lease is not None and not self.b_holds and self.lease.expires_at <= end:
+            self.true.advance(max(0.0, self.lease.expires_at - self.true.now()))
+            b = self.authority.try_acquire(self.lease.name, "B", 1e6)
+            if b is not None:
+                self.b_holds = True
+                self.history.append(
+                    Event(
+                        self.true.now(),
+                        "B",
+                        "acquire",
+                        "ok",
+                        b.generation,
+                        target=b.name,
+                        until=b.expires_at,
+                    )
+                )
+                self.history.append(
+                    Event(
+                        self.true.now(), "B", "write", "ok", b.generation, target="B's first unit"
+                    )
+                )
+        self.true.advance(max(0.0, end - self.true.now()))
+
+    def _confirm(self, sent_local: float) -> None:
+        ttl, margin, drift = self.k["ttl"], self.k["margin"], self.k["max_drift"]
+        self.deadline = max(self.deadline, _worst_case(sent_local, ttl, margin, drift))
+
+    def start(self, job: str) -> float:
+        sent = self.now()
+        self._advance(self._draw("request"))
+        self.lease = self.authority.acquire(job, "A", self.k["ttl"])
+        self.history.append(
+            Event(
+                self.true.now(),
+                "A",
+                "acquire",
+                "ok",
+                self.lease.generation,
+                target=job,
+                until=self.lease.expires_at,
+            )
+        )
+        self._advance(self._draw("response"))
+        self._confirm(sent)
+        return sent
+
+    def renew(self) -> bool:
+        self.renewals += 1
+        if self.renewals > 50 * self.k["units"] + 200 or self.runaway:
+            self._stop("the holder loop keeps renewing without working or stopping")
+        sent = self.now()
+        self._advance(self._draw("request"))
+        lost = self.rng.random() < self.k["loss"]
+        try:
+            new = self.authority.renew(self.lease)
+        except Exception:  # LeaseLost: B has it now
+            new = None
+        self.history.append(
+            Event(
+                self.true.now(),
+                "A",
+                "renew",
+                "ok" if new else "lost",
+                self.lease.generation,
+                target=self.lease.name,
+                until=new and new.expires_at,
+            )
+        )
+        if new is not None:
+            self.lease = new
+        if lost:
+            self._advance(self.k["timeout"])
+            self.history.append(Event(self.true.now(), "A", "response", "lost", target="renew"))
+            return False
+        self._advance(self._draw("response"))
+        if new is not None:
+            self._confirm(sent)
+        return new is not None
+
+    def work(self) -> bool:
+        if self.done >= self.k["units"] + 5 or self.runaway:
+            self._stop("the holder loop keeps calling work() after it returned False")
+        local = self.now()
+        if local >= self.deadline and self.first_late is None:
+            self.first_late = (local, self.deadline, self.true.now())
+        self.history.append(
+            Event(
+                self.true.now(),
+                "A",
+                "write",
+                "ok",
+                self.lease.generation,
+                target=f"unit {self.done + 1}",
+            )
+        )
+        self.done += 1
+        seconds = self._draw("unit")
+        if self.pause_at == self.done:
+            seconds += self.k["pause"]
+            self.history.append(
+                Event(self.true.now(), "A", "pause", "ok", until=self.true.now() + seconds)
+            )
+        self._advance(seconds)
+        return self.done < self.k["units"]
+
+
+def _holder_knobs(rng: Random) -> dict:
+    ttl = rng.choice([5.0, 10.0, 20.0])
+    trouble = rng.random() < 0.7
+    pause_at = rng.choice([None, rng.randint(1, 9)]) if trouble else None
+    return {
+        "ttl": ttl,
+        "margin": ttl * rng.uniform(0.05, 0.2),
+        "max_drift": rng.choice([0.001, 0.01, 0.05]),
+        "rate": rng.choice([-1, -1, 0, 1]),
+        "units": rng.randint(10, 40),
+        "unit": (0.02 * ttl, 0.1 * ttl),
+        "request": (0.0, 0.3 * ttl if trouble else 0.05 * ttl),
+        "response": (0.0, 0.9 * ttl if trouble else 0.05 * ttl),
+        "loss": 0.3 if trouble else 0.0,
+        "timeout": ttl * rng.uniform(0.2, 1.0),
+        "pause_at": pause_at,
+        "pause": 3 * ttl,
+        "benign": not trouble,
+    }
+
+
+_QUICK = {
+    "ttl": 10.0,
+    "margin": 1.0,
+    "max_drift": 0.01,
+    "rate": -1,
+    "units": 30,
+    "unit": (0.2, 0.5),
+    "request": (0.05, 0.2),
+    "response": (0.05, 0.2),
+    "loss": 0.0,
+    "timeout": 3.0,
+    "pause": 0.0,
+    "pause_at": None,
+    "benign": True,
+}
+HOLDER_HOSTILE = [
+    {"name": "every renewal is confirmed quickly (the job must get done)", **_QUICK},
+    {
+        "name": "slow responses: each renewal's answer spends 6-8 s in the network",
+        **_QUICK,
+        "response": (6.0, 8.0),
+        "benign": False,
+    },
+    {
+        "name": "confirmed too late: each answer spends 9-11 s in the network",
+        **_QUICK,
+        "response": (9.0, 11.0),
+        "benign": False,
+    },
+    {"name": "every renewal's response is lost", **_QUICK, "loss": 1.0, "benign": False},
+    {
+        "name": "no margin to spare in small steps: responses lost, clock 5% slow",
+        **_QUICK,
+        "max_drift": 0.05,
+        "margin": 0.3,
+        "unit": (0.02, 0.05),
+        "loss": 1.0,
+        "timeout": 0.05,
+        "units": 260,
+        "benign": False,
+    },
+    {
+        "name": "the holder pauses 30 s inside its 5th unit of work",
+        **_QUICK,
+        "pause_at": 5,
+        "pause": 30.0,
+        "benign": False,
+    },
+    {
+        "name": "slow requests: the renewal reaches the authority after the lease ended",
+        **_QUICK,
+        "request": (9.0, 12.0),
+        "benign": False,
+    },
+]
+
+
+@task(
+    "05.2",
+    "the holder that stops at its deadline",
+    schedules(HOLDER_HOSTILE, count=14, make=_holder_knobs),
+)
+def holder_check(answer, schedule: Schedule, history: list) -> None:
+    """Trial for 05.2: ``answer(clock, renew, work, *, acquired_at, ttl, margin, max_drift)``."""
+    k = schedule.knobs
+    with scratch() as tmp:
+        db = tmp.open()
+        world = _HolderWorld(db, schedule, history)
+        sent = world.start("invoice-run")
+
+        class HolderClock:
+            """The holder's own monotonic clock."""
+
+            def now(self):
+                return world.now()
+
+        try:
+            answer(
+                HolderClock(),
+                world.renew,
+                world.work,
+                acquired_at=sent,
+                ttl=k["ttl"],
+                margin=k["margin"],
+                max_drift=k["max_drift"],
+            )
+        except _Runaway:
+            pass
+        expect(
+            world.runaway is None,
+            "the holder loop ends: it returns when the job is done or when it may no longer act",
+            str(world.runaway),
+        )
+        if world.first_late is not None:
+            local, deadline, true = world.first_late
+            what = (
+                f"{local - deadline:.3g} s after"
+                if deadline > -math.inf
+                else "with no confirmed lease, at"
+            )
+            expect(
+                False,
+                "no protected work starts after the conservative deadline of the last confirmed "
+                "renewal (counted from that renewal's SEND time, minus margin and drift)",
+                f"a unit of work started at local t={local:.6g}, {what} the deadline t={deadline:.6g}"
+                + (
+                    " (the lease had already passed to B)"
+                    if world.b_holds and true >= world.lease.expires_at
+                    else ""
+                ),
+            )
+        if k["benign"]:
+            expect(
+                world.done == k["units"],
+                "a holder whose renewals are all confirmed quickly renews in time "
+                "and finishes the job",
+                f"it stopped after {world.done} of {k['units']} units",
+            )
+        late = [
+            v for v in violations(history) if v.kind in ("acted_after_expiry", "stale_accepted")
+        ]
+        expect(
+            not late,
+            "the holder never acts after its lease has passed to B",
+            late[0].message if late else "",
+        )

@@ -1,0 +1,388 @@
+"""Grading checks of exercise 08 (registered in :mod:`labkit.grading`).
+
+* 08.1 the outbox relay: a fake email provider behind a bad network; the relay
+  dies between sending and marking, and is restarted until a clean run.
+* 08.2 the report and its email intent in one fenced transaction: stale
+  workers, redone steps and workers that die half-way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from random import Random
+
+from labkit.grading.lab import process, scratch
+from labkit.clock import VirtualClock
+from labkit.db import execute
+from labkit.grading import Schedule, expect, schedules, task
+from labkit.sim.history import Event
+
+
+# ---------------------------------------------------------------- 08.1 outbox relay
+
+
+def _provider(tmp):
+    """A fake email provider with its own SQLite file in the trial's folder."""
+    from labkit.mechanisms.effects import EmailProvider
+
+    return EmailProvider(tmp.open("provider.db"), VirtualClock())
+
+
+class _Down(Exception):
+    """The email provider could not be reached, or the relay died around the call."""
+
+
+class _FlakyMail:
+    """An :class:`~labkit.mechanisms.effects.EmailProvider` seen through a bad network.
+
+    ``fail`` maps call numbers to ``"before"`` (the request never arrives) or
+    ``"after"`` (the email goes out, the answer is lost and the caller dies).
+    """
+
+    kind = "email"
+
+    def __init__(self, provider, fail: dict, fate: dict) -> None:
+        self.provider, self.fail, self.fate, self.calls = provider, fail, fate, 0
+
+    def send(self, to, subject, body, *, idempotency_key=None):
+        """Send one email through the real provider, unless the network says otherwise."""
+        self.calls += 1
+        how = self.fail.get(self.calls)
+        if self.fate["dead"] or how == "before":
+            raise _Down("the email provider could not be reached")
+        delivery = self.provider.send(to, subject, body, idempotency_key=idempotency_key)
+        if how == "after":
+            self.fate["dead"] = True
+            raise _Down("the relay died before it saw the provider's answer")
+        return delivery
+
+    def deliver(self, payload, *, idempotency_key=None):
+        """Like ``send``, with the payload as a dict (to, subject, body)."""
+        return self.send(
+            payload["to"], payload["subject"], payload["body"], idempotency_key=idempotency_key
+        )
+
+
+def _relay_knobs(rng: Random) -> dict:
+    n = rng.randint(1, 5)
+    return {
+        "intents": n,
+        "sent_before": rng.randint(0, n - 1),
+        "charges": rng.randint(0, 1),
+        "fail": {
+            rng.randint(1, n + 1): rng.choice(["before", "after"]) for _ in range(rng.randint(0, 2))
+        },
+        "dies_at": rng.choice([0, 0, rng.randint(1, 12)]),
+    }
+
+
+RELAY_HOSTILE = [
+    {
+        "name": "three emails, no trouble",
+        "intents": 3,
+        "sent_before": 0,
+        "charges": 0,
+        "fail": {},
+        "dies_at": 0,
+    },
+    {
+        "name": "the 1st send goes out but the relay dies before marking it",
+        "intents": 2,
+        "sent_before": 0,
+        "charges": 0,
+        "fail": {1: "after"},
+        "dies_at": 0,
+    },
+    {
+        "name": "the 2nd send never reaches the provider",
+        "intents": 3,
+        "sent_before": 0,
+        "charges": 1,
+        "fail": {2: "before"},
+        "dies_at": 0,
+    },
+    {
+        "name": "one email was relayed before; the 1st send now dies after delivering",
+        "intents": 3,
+        "sent_before": 1,
+        "charges": 0,
+        "fail": {1: "after"},
+        "dies_at": 0,
+    },
+    {
+        "name": "the relay dies at its 3rd SQL statement",
+        "intents": 2,
+        "sent_before": 0,
+        "charges": 0,
+        "fail": {},
+        "dies_at": 3,
+    },
+]
+
+
+def _publish_intents(admin, outbox, k, rng, job: str) -> tuple[list, list]:
+    """B (generation 8) commits the email intents; stale A (7) tries too and is fenced out."""
+    from labkit.errors import StaleGeneration
+    from labkit.fence import Fence
+
+    fence = Fence(admin, job)
+    emails = [
+        (
+            f"{job}/report-{i}",
+            {
+                "to": rng.choice(["ops@example.com", "billing@example.com"]),
+                "subject": f"run {job} report {i}",
+                "body": f"total {rng.randrange(10**6)}",
+            },
+        )
+        for i in range(k["intents"])
+    ]
+    with fence.guard(8) as tx:
+        for key, email in emails:
+            outbox.add(tx, key, "email", email)
+        for c in range(k["charges"]):
+            outbox.add(tx, f"{job}/charge-{c}", "charge", {"account": "acct-1", "amount": 100 + c})
+    with contextlib.suppress(StaleGeneration), fence.guard(7) as tx:
+        outbox.add(
+            tx,
+            f"{job}/stale-email",
+            "email",
+            {"to": "ops@example.com", "subject": "stale", "body": "A"},
+        )
+    return emails, [key for key, _ in emails[: k["sent_before"]]]
+
+
+@task("08.1", "the outbox relay", schedules(RELAY_HOSTILE, count=16, make=_relay_knobs))
+def relay_check(answer, schedule: Schedule, history: list) -> None:
+    """Trial for 08.1: ``answer(db, mail)`` sends pending email intents exactly once."""
+    from labkit.mechanisms.effects import Outbox
+
+    rng, k = schedule.rng, schedule.knobs
+    job = f"invoice-run-{rng.randrange(1000)}"
+    with scratch() as tmp:
+        admin, provider = tmp.open(), _provider(tmp)
+        clock = provider.clock = VirtualClock(rng.uniform(0, 100))
+        outbox = Outbox(admin, clock)
+        emails, sent_before = _publish_intents(admin, outbox, k, rng, job)
+        for key, email in emails:
+            if key in sent_before:  # relayed earlier by the reference relay
+                outbox.mark_sent(key, provider.send(**email, idempotency_key=key).id)
+        for runs in range(1, 7):  # the relay is restarted until one run goes through cleanly
+            conn, statements = tmp.open(), iter(range(1, 10**6))
+            dies_at = k["dies_at"] if runs == 1 else 0
+            try:
+                with process(
+                    conn, lambda sql: bool(dies_at) and next(statements) >= dies_at
+                ) as fate:
+                    mail = _FlakyMail(provider, k["fail"] if runs == 1 else {}, fate)
+                    try:
+                        answer(conn, mail)
+                    except Exception:
+                        if not (fate["dead"] or mail.fail):
+                            raise
+            finally:
+                conn.conn.close()
+            history.append(
+                Event(clock.now(), f"relay run {runs}", "crash" if fate["dead"] else "resume", "ok")
+            )
+            clock.advance(1)
+            if not mail.fail and not fate["dead"]:
+                break
+        records = provider.records()
+        for r in records:
+            history.append(
+                Event(
+                    r["created_at"],
+                    "relay",
+                    "email",
+                    "ok",
+                    key=r["idempotency_key"],
+                    target=r["payload"]["subject"],
+                )
+            )
+        for key, email in emails:
+            n = sum(1 for r in records if r["payload"] == email)
+            expect(
+                n == 1,
+                "every committed email intent is delivered exactly once, even when the relay dies "
+                "between sending and marking",
+                f"{email['subject']!r} was delivered {n} times after {runs} relay runs",
+            )
+        expect(
+            len(records) == len(emails),
+            "the relay sends only the committed email intents",
+            f"{len(records)} emails for {len(emails)} intents: {[r['payload']['subject'] for r in records]}",
+        )
+        states = dict(execute(admin, "SELECT key, state FROM outbox WHERE kind = 'email'"))
+        expect(
+            all(states[key] == "sent" for key, _ in emails),
+            "after a clean relay run, every delivered intent is marked sent",
+            f"outbox states: {states}",
+        )
+        charges = execute(admin, "SELECT state FROM outbox WHERE kind = 'charge'")
+        expect(
+            all(s == "pending" for (s,) in charges),
+            "the email relay leaves other kinds of intent alone",
+            f"charge intents now {charges}",
+        )
+
+
+# ---------------------------------------------------------------- 08.2 publish the report and the email intent
+
+
+class _Dying:
+    """Wraps an object; the worker dies at the ``at``-th call to any of ``names`` (shared ``count``)."""
+
+    def __init__(self, inner, names: tuple, count: dict, at: int) -> None:
+        self._inner, self._names, self._count, self._at = inner, names, count, at
+
+    def __getattr__(self, name):
+        value = getattr(self._inner, name)
+        if name not in self._names or not callable(value):
+            return value
+
+        def call(*args, **kwargs):
+            self._count["n"] += 1
+            if self._at and self._count["n"] >= self._at:
+                raise _Down(f"the worker died at its call to {name}()")
+            return value(*args, **kwargs)
+
+        return call
+
+
+PUBLISH_HOSTILE = [
+    {
+        "name": "B (8) has raised the fence; stale A (7) wakes up and publishes before B does",
+        "story": "early",
+    },
+    {
+        "name": "B (8) publishes; then stale A (7) wakes up and publishes its own report",
+        "story": "stale",
+    },
+    {"name": "B (8) publishes and dies; C (9) redoes the same step", "story": "redo"},
+    {"name": "the worker dies at its first call to the email provider", "story": "mail_dies"},
+    {"name": "the worker dies between its file write and its email intent", "story": "half"},
+]
+
+
+def _publish_knobs(rng: Random) -> dict:
+    return {"story": rng.choice(["early", "stale", "redo", "mail_dies", "half"])}
+
+
+@task(
+    "08.2",
+    "the report and its email intent in one fenced transaction",
+    schedules(PUBLISH_HOSTILE, count=8, make=_publish_knobs),
+)
+def publish_check(answer, schedule: Schedule, history: list) -> None:
+    """Trial for 08.2: ``answer(generation, *, fence, files, outbox, mail, report, email)``."""
+    from labkit.mechanisms.effects import FencedFileStore, Outbox
+    from labkit.errors import StaleGeneration
+    from labkit.fence import Fence
+
+    rng, story = schedule.rng, schedule.knobs["story"]
+    job = f"invoice-run-{rng.randrange(1000)}"
+    with scratch() as tmp:
+        admin, provider = tmp.open(), _provider(tmp)
+        clock = provider.clock = VirtualClock(rng.uniform(0, 100))
+        folder = tmp.path("files")
+        surprises: list[str] = []
+        total = rng.randrange(10**6)
+
+        def worker(name: str, generation: int, report: bytes, body: str, *, mail_at=0, store_at=0):
+            conn = tmp.open()
+            count = {"n": 0}
+            fate = {"dead": False}
+            files = _Dying(FencedFileStore(conn, folder, job), ("write",), count, store_at)
+            outbox = _Dying(Outbox(conn, clock), ("add",), count, store_at)
+            mail = _FlakyMail(provider, {1: "before"} if mail_at else {}, fate)
+            sent_before = len(provider.records())
+            outcome = "rejected"
+            try:
+                answer(
+                    generation,
+                    fence=Fence(conn, job),
+                    files=files,
+                    outbox=outbox,
+                    mail=mail,
+                    report=report,
+                    email={"to": "ops@example.com", "subject": f"{job} report", "body": body},
+                )
+            except NotImplementedError:
+                raise
+            except Exception as exc:  # stale, the planned death, or a surprise (judged at the end)
+                if isinstance(exc, _Down):
+                    outcome = "crashed"
+                elif not isinstance(exc, StaleGeneration):
+                    surprises.append(f"{name}: {type(exc).__name__}: {exc}")
+            finally:
+                conn.conn.close()
+            if FencedFileStore(admin, folder, job).generation("report.txt") == generation:
+                outcome = "ok"
+            history.append(
+                Event(clock.now(), name, "write", outcome, generation, target="report.txt")
+            )
+            for r in provider.records()[sent_before:]:
+                history.append(
+                    Event(
+                        clock.now(),
+                        name,
+                        "email",
+                        "ok",
+                        generation,
+                        key=r["idempotency_key"],
+                        target=r["payload"]["subject"],
+                    )
+                )
+            clock.advance(1)
+
+        report_b, body_b = f"total {total}".encode(), f"the total is {total}"
+        if story in ("stale", "early"):
+            if story == "early":
+                with Fence(admin, job).guard(8):
+                    history.append(Event(clock.now(), "B", "raise", "ok", 8, target=job))
+            else:
+                worker("B", 8, report_b, body_b)
+            worker("A", 7, b"total 0 (stale)", "the total is 0 (stale)")
+            if story == "early":
+                worker("B", 8, report_b, body_b)
+        elif story == "redo":
+            worker("B", 8, report_b, body_b)
+            worker("C", 9, report_b, body_b)
+        elif story == "mail_dies":
+            worker("B", 8, report_b, body_b, mail_at=1)
+        else:
+            worker("B", 8, report_b, body_b, store_at=2)
+        Outbox(admin, clock).relay(provider)  # the reference relay delivers what was committed
+        files = FencedFileStore(admin, folder, job)
+        content = files.read("report.txt")
+        emails = [r["payload"]["body"] for r in provider.records()]
+        for body in emails:
+            history.append(Event(clock.now(), "relay", "email", "ok", target=body))
+        if story == "half":
+            expect(
+                (content is None and emails == []) or (content == report_b and emails == [body_b]),
+                "the report file and its email intent commit together or not at all",
+                f"after the worker died: report file {content!r}, emails {emails}",
+            )
+            expect(
+                not surprises, "the answer runs without an unexpected error", "; ".join(surprises)
+            )
+            return
+        expect(
+            "the total is 0 (stale)" not in emails,
+            "a stale worker's email never goes out (its intent is fenced out with its file write)",
+            f"emails: {emails}",
+        )
+        expect(
+            content == report_b,
+            "the committed report is the current owner's",
+            f"report.txt holds {content!r}",
+        )
+        expect(
+            emails == [body_b],
+            "the committed report is announced by exactly one email, even when the "
+            "step is redone or the worker dies at the email provider",
+            f"emails sent: {emails}",
+        )
+        expect(not surprises, "the answer runs without an unexpected error", "; ".join(surprises))

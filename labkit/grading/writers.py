@@ -1,0 +1,407 @@
+"""The fenced writers' laboratory, shared by tasks 02.1, 02.2 and 03.1 (see :mod:`labkit.grading.lab`).
+
+:func:`lab` opens one SQLite file with the invoice, charge and crash-plan
+tables, an observer connection, and one traced connection per worker.
+:func:`fenced_trial` runs a fenced-writer answer (one invoice for 02.1, a
+batch for 03.1) through one schedule and judges every call against a model
+of what an accepted or a refused write does: the rows it left, what it
+returned, and whether it raised the fence before touching the protected
+table. Concurrency is real: B acts on its own connection just before A's
+n-th SQL statement; if A holds the write lock then, B's ``BEGIN IMMEDIATE``
+is refused (busy timeout 0, the wait made visible) and B tries again after A.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from random import Random
+import re
+
+from labkit.grading.lab import Tracer, busy, call, is_bool, scratch, shown
+from labkit.db import execute
+from labkit.grading import Schedule, expect
+from labkit.sim.history import Event
+
+JOB, OTHER = "invoice-run", "payroll-run"
+CRASH = "simulated crash: the disk is full"
+SETUP = (
+    "CREATE TABLE IF NOT EXISTS charges (id INTEGER PRIMARY KEY, job_id TEXT NOT NULL, "
+    "invoice_id TEXT NOT NULL, amount INTEGER NOT NULL, generation INTEGER NOT NULL)",
+    "CREATE TABLE crash_plan (invoice_id TEXT PRIMARY KEY)",
+    *(
+        f"CREATE TRIGGER crash_{t}_{op} BEFORE {op} ON {t} WHEN NEW.invoice_id IN "
+        f"(SELECT invoice_id FROM crash_plan) BEGIN SELECT RAISE(ABORT, '{CRASH}'); END"
+        for t in ("invoices", "charges")
+        for op in ("INSERT", "UPDATE")
+    ),
+)
+
+
+@contextlib.contextmanager
+def lab(*workers: str):
+    """A fresh SQLite file with the check's tables; yields (observer, {worker: (db, tracer)})."""
+    with scratch() as tmp:
+        observer = tmp.open()
+        for sql in SETUP:
+            execute(observer, sql)
+        yield observer, {w: (db, Tracer(db)) for w in workers for db in [tmp.open()]}
+
+
+_RAISE = re.compile(
+    r"\s*(UPDATE(\s+OR\s+\w+)?|INSERT(\s+OR\s+\w+)?\s+INTO|REPLACE\s+INTO)\s+[\[\"`]?job_fence\b",
+    re.I,
+)
+_TOUCH = re.compile(r"\b(invoices|charges)\b", re.I)
+
+
+def _raised_first(sql: list[str]) -> None:
+    """The fence is raised before the statement that first reads or writes the protected table."""
+    touch = next(
+        (
+            i
+            for i, s in enumerate(sql)
+            if _TOUCH.search(s)
+            and "sqlite_master" not in s
+            and not s.lstrip().upper().startswith("PRAGMA")
+        ),
+        None,
+    )
+    if touch is None:
+        return
+    raised = next((i for i, s in enumerate(sql) if _RAISE.match(s)), None)
+    expect(
+        raised is not None and raised < touch,
+        "the fence is raised before the protected state is read or written (the UPDATE of job_fence "
+        "comes before the first statement that touches it)",
+        "the statements were: "
+        + " | ".join(s.strip().split("\n")[0][:70] for s in sql[: touch + 1]),
+    )
+
+
+def generation_of(db, job: str) -> int:
+    """The generation in ``job``'s fence row."""
+    return execute(db, "SELECT generation FROM job_fence WHERE job_id = ?", (job,))[0][0]
+
+
+# ---------------------------------------------------------------- the model of a fenced write
+
+
+def _state(db):
+    return (
+        tuple(execute(db, "SELECT job_id, epoch, generation FROM job_fence ORDER BY job_id")),
+        tuple(
+            execute(db, "SELECT job_id, invoice_id, amount, generation FROM invoices ORDER BY 1, 2")
+        ),
+    )
+
+
+def _after(state, job: str, gen: int, invoices: dict):
+    """The state after an accepted write of ``invoices`` with ``gen``, or None if the fence refuses it."""
+    fences, rows = state
+    if gen < _fence(state, job):
+        return None
+    table = {(j, i): (a, g) for j, i, a, g in rows}
+    table.update({(job, i): (a, gen) for i, a in invoices.items()})
+    return (
+        tuple((j, e, gen if j == job else g) for j, e, g in fences),
+        tuple(sorted((j, i, a, g) for (j, i), (a, g) in table.items())),
+    )
+
+
+def _fence(state, job: str) -> int:
+    return dict((j, g) for j, _, g in state[0])[job]
+
+
+def _diff(before, after) -> str:
+    if before == after:
+        return "nothing changed"
+    old_f, new_f = {j: g for j, _, g in before[0]}, {j: g for j, _, g in after[0]}
+    old_i, new_i = (
+        {(j, i): (a, g) for j, i, a, g in before[1]},
+        {(j, i): (a, g) for j, i, a, g in after[1]},
+    )
+    parts = [
+        f"fence of {j}: {old_f.get(j)} -> {new_f.get(j)}"
+        for j in sorted(new_f)
+        if old_f.get(j) != new_f.get(j)
+    ]
+    parts += [
+        f"{i} of {j}: {old_i.get((j, i))} -> {new_i.get((j, i))}"
+        for j, i in sorted(set(old_i) | set(new_i))
+        if old_i.get((j, i)) != new_i.get((j, i))
+    ]
+    return "; ".join(parts) + " ((amount, generation))"
+
+
+class _Writers:
+    """Runs a fenced-writer answer against the model of what an accepted or refused write does."""
+
+    def __init__(self, answer, batch: bool, db, conns, history: list) -> None:
+        self.answer, self.batch, self.db, self.conns, self.history = (
+            answer,
+            batch,
+            db,
+            conns,
+            history,
+        )
+        self.t = 0.0
+
+    def call(self, who: str, job: str, gen: int, invoices: dict):
+        db = self.conns[who][0]
+        if self.batch:
+            return call(self.answer, db, job, gen, dict(invoices))
+        ((invoice, amount),) = invoices.items()
+        return call(self.answer, db, job, invoice, amount, gen)
+
+    def log(self, who, action, outcome="ok", gen=None, target=None, until=None, dt=1.0) -> None:
+        self.t += dt
+        self.history.append(Event(self.t, who, action, outcome, gen, target=target, until=until))
+
+    def wrote(
+        self, who: str, gen: int, invoices: dict, before, after, crashed: bool = False
+    ) -> None:
+        """Log a write as the rows show it, and the fence of JOB if it moved."""
+        self.log(
+            who,
+            "write",
+            "crashed" if crashed else ("ok" if after != before else "rejected"),
+            gen,
+            ",".join(invoices),
+        )
+        if _fence(after, JOB) != _fence(before, JOB):
+            self.log(who, "raise", "ok", _fence(after, JOB), JOB, dt=0.0)
+
+    def write(self, who: str, job: str, gen: int, invoices: dict, crash: str | None = None) -> None:
+        """One call on its own; judge its answer and the rows it left."""
+        db, tracer = self.conns[who]
+        before, start = _state(self.db), len(tracer.sql)
+        if crash:
+            execute(self.db, "INSERT INTO crash_plan VALUES (?)", (crash,))
+        out = self.call(who, job, gen, invoices)
+        what = f"{who}'s call with generation {gen}"
+        expect(
+            not db.conn.in_transaction,
+            "every call ends its transaction with COMMIT or ROLLBACK, whatever happens",
+            f"{what} {shown(out)} and left its transaction open: it still holds the write lock",
+        )
+        if crash:
+            execute(self.db, "DELETE FROM crash_plan")
+        after, want = _state(self.db), _after(before, job, gen, invoices)
+        self.wrote(who, gen, invoices, before, after, crashed=bool(crash))
+        _raised_first(tracer.sql[start:])
+        if crash:
+            expect(
+                after == before,
+                "a crash inside the transaction leaves nothing behind: no invoice, and the "
+                "fence where it was",
+                f"the write of {crash} failed ({CRASH}); {_diff(before, after)}",
+            )
+            expect(
+                out[0] == "raised" or is_bool(out, False),
+                "a call that crashed does not report success",
+                f"{what} {shown(out)}",
+            )
+        elif want is None:
+            expect(
+                is_bool(out, False) and after == before,
+                f"a write with generation {gen} is refused (returns False) and writes nothing when the fence "
+                f"is at {_fence(before, job)}",
+                f"{what} {shown(out)}; {_diff(before, after)}",
+            )
+        else:
+            expect(
+                is_bool(out, True),
+                f"a write with generation {gen} is accepted (returns True) when the fence is "
+                f"at {_fence(before, job)} (equal generations pass)",
+                f"{what} {shown(out)}",
+            )
+            expect(
+                after == want,
+                "an accepted write stores its invoices, raises the fence of its own job to its "
+                "generation, and changes nothing else",
+                f"{what}: {_diff(before, after)}",
+            )
+
+    def race(self, job: str, at: int, a_gen: int, b_gen: int, a_inv: dict, b_inv: dict) -> None:
+        """A writes with ``a_gen``; B (``b_gen`` > ``a_gen``) acts just before A's ``at``-th statement."""
+        tracer = self.conns["A"][1]
+        s0, seen = _state(self.db), {}
+
+        def b_acts():
+            seen["mid"] = _state(self.db)
+            seen["b"] = self.call("B", job, b_gen, b_inv)
+            seen["b_after"] = _state(self.db)
+
+        tracer.before(at, b_acts)
+        out_a = self.call("A", job, a_gen, a_inv)
+        tracer.action = None
+        s_a = _state(self.db)
+        a_done = _after(s0, job, a_gen, a_inv)
+        if not seen:  # A finished before its at-th statement: B comes after A
+            self.wrote("A", a_gen, a_inv, s0, s_a)
+            expect(
+                is_bool(out_a, True) and s_a == a_done,
+                f"a write with generation {a_gen} at the fence is "
+                "accepted, stores its invoices and raises the fence",
+                f"A {shown(out_a)}; {_diff(s0, s_a)}",
+            )
+            return self.write("B", job, b_gen, b_inv)
+        mid, out_b, s_b = seen["mid"], seen["b"], seen["b_after"]
+        if mid != s0:
+            self.wrote("A", a_gen, a_inv, s0, mid)
+        self.log("A", "pause", "ok", None, f"before its SQL statement {at}", until=self.t + 3.0)
+        if is_bool(out_b, True):
+            self.wrote("B", b_gen, b_inv, mid, s_b)
+        else:
+            self.log("B", "wait", "busy", b_gen, JOB)
+        self.log("A", "resume")
+        if mid == s0:
+            self.wrote("A", a_gen, a_inv, s_b, s_a)
+        expect(
+            mid in (s0, a_done),
+            "a call's writes become visible together, at its COMMIT",
+            f"just before A's statement {at}, another connection saw: {_diff(s0, mid)}",
+        )
+        expect(
+            not self.conns["B"][0].conn.in_transaction
+            and not self.conns["A"][0].conn.in_transaction,
+            "every call ends its transaction with COMMIT or ROLLBACK",
+            "a transaction was left open",
+        )
+        if is_bool(out_b, True):
+            expect(
+                s_b == _after(mid, job, b_gen, b_inv),
+                "an accepted write stores its invoices and raises the fence",
+                f"B (generation {b_gen}): {_diff(mid, s_b)}",
+            )
+            if mid == s0:
+                expect(
+                    is_bool(out_a, False) and s_a == s_b,
+                    f"once B has committed generation {b_gen}, A's write with {a_gen} is refused and writes nothing "
+                    f"(B came in just before A's SQL statement {at})",
+                    f"A {shown(out_a)}; {_diff(s_b, s_a)}",
+                )
+            else:
+                expect(
+                    is_bool(out_a, True) and s_a == s_b,
+                    "a write that committed reports True",
+                    f"A {shown(out_a)}; {_diff(s_b, s_a)}",
+                )
+            return
+        expect(
+            busy(out_b) or is_bool(out_b, False),
+            "a writer kept out by the lock waits (SQLite says "
+            "'database is locked' at busy timeout 0) or reports False",
+            f"B {shown(out_b)}",
+        )
+        expect(s_b == mid, "a writer kept out by the lock writes nothing", f"B: {_diff(mid, s_b)}")
+        expect(
+            is_bool(out_a, True) and s_a == a_done,
+            f"while A's transaction holds the lock (B was kept out just before A's statement {at}), A's write "
+            f"with generation {a_gen} commits whole",
+            f"A {shown(out_a)}; {_diff(s0, s_a)}",
+        )
+        self.write("B", job, b_gen, b_inv)  # B's retry, after A's COMMIT
+
+
+def _invoices(rng: Random, fresh: list, batch: bool, known: list) -> dict:
+    count = rng.randint(1, 4) if batch else 1
+    out = {}
+    while len(out) < count:
+        if known and rng.random() < 0.35:
+            name = rng.choice(known)
+        else:
+            fresh[0] += 1
+            name = f"INV-{fresh[0]}"
+            known.append(name)
+        out[name] = rng.randrange(100, 990, 5)
+    return out
+
+
+def fenced_trial(answer, schedule: Schedule, history: list, batch: bool) -> None:
+    """Run a fenced writer through one schedule of :data:`FENCED_HOSTILE` (or a random one).
+
+    Args:
+        answer: ``answer(conn, job, invoice_id, amount, generation)`` (02.1) or,
+            with ``batch``, ``answer(conn, job, generation, invoices)`` (03.1); returns
+            True when the write was accepted, False when the fence refused it.
+        schedule: its ``story`` knob picks the story; ``at`` places B's race.
+        history: receives the writes, raises, pauses and waits, for a replay.
+
+    Raises:
+        Broken: naming the property the answer broke.
+    """
+    rng, story = schedule.rng, schedule.knobs["story"]
+    with lab("A", "B") as (db, conns):
+        start = {JOB: 7 if story != "random" else rng.randint(1, 40), OTHER: rng.randint(1, 60)}
+        for job, g in start.items():
+            execute(
+                db, "INSERT INTO job_fence(job_id, epoch, generation) VALUES (?, 0, ?)", (job, g)
+            )
+        w, fresh, known = _Writers(answer, batch, db, conns, history), [0], []
+
+        def inv(n=None):
+            got = _invoices(rng, fresh, batch, known)
+            return got if n is None else dict(list(got.items())[:n])
+
+        g = start[JOB]
+        if story == "source":  # the source's numbers, and both halves of the lesson
+            w.write("A", JOB, 7, inv())
+            w.write("B", JOB, 8, {"INV-1": 200, **(inv() if batch else {})})
+            w.write("B", JOB, 8, inv())
+            w.write("A", JOB, 7, inv())
+            w.write("A", JOB, 7, {"INV-1": 100})
+        elif story == "race":
+            w.race(JOB, schedule.knobs["at"], 7, 8, inv(), inv())
+            w.write("A", JOB, 7, inv())
+        elif story == "crash":
+            batch_ = inv()
+            w.write("B", JOB, 8, batch_, crash=rng.choice(list(batch_)))
+            w.write("B", JOB, 8, batch_)
+        elif story == "two jobs":
+            w.write("B", OTHER, start[OTHER], inv())
+            w.write("A", JOB, 9, inv())
+            w.write("B", OTHER, start[OTHER] - 1, inv())
+            w.write("A", JOB, 8, inv())
+        else:
+            for _ in range(rng.randint(5, 9)):
+                job = JOB if rng.random() < 0.8 else OTHER
+                cur = generation_of(db, job)
+                roll = rng.random()
+                if roll < 0.2 and job == JOB:
+                    w.race(job, rng.randint(1, 7), cur, cur + rng.randint(1, 3), inv(), inv())
+                else:
+                    gen = max(0, cur + rng.choice([-3, -1, -1, 0, 0, 1, 2]))
+                    batch_ = inv()
+                    w.write(
+                        rng.choice("AB"),
+                        job,
+                        gen,
+                        batch_,
+                        crash=rng.choice(list(batch_)) if roll > 0.85 else None,
+                    )
+        g = generation_of(db, JOB)
+        w.write("A", JOB, max(0, g - 1), inv())  # the obsolete predecessor, once more at the end
+
+
+FENCED_HOSTILE = [
+    {
+        "name": "the source's story: A writes with 7, B commits 8 (twice), A's 7 comes back",
+        "story": "source",
+    },
+    {"name": "B arrives before A's first statement", "story": "race", "at": 1},
+    {
+        "name": "A checks the fence, then stops before its 2nd statement; B commits 8",
+        "story": "race",
+        "at": 2,
+    },
+    {
+        "name": "A stops inside its transaction (before statement 3); B arrives",
+        "story": "race",
+        "at": 3,
+    },
+    {"name": "A stops before its 4th statement; B arrives", "story": "race", "at": 4},
+    {"name": "A stops before its 5th statement; B arrives", "story": "race", "at": 5},
+    {"name": "a crash inside the transaction, then the same write again", "story": "crash"},
+    {"name": "two jobs, each with its own fence", "story": "two jobs"},
+]

@@ -1,0 +1,285 @@
+"""Histories: what every worker tried and what the database or authority answered.
+
+Scenarios, the chaos run and the live demo all append :class:`Event` records;
+:func:`check` reads them back and reports violations. The checker looks only
+at outcomes the system gave (``ok`` means committed) and at the order and
+tokens of attempts, never at a label a scenario wrote about itself.
+
+Vocabulary (``action`` / ``outcome``):
+
+* ``acquire``, ``renew``: ``ok`` (with ``until`` = expiry at the authority), ``held``, ``lost``.
+* ``release``: ``ok`` or ``lost``.
+* ``write`` (an effect on a protected resource, ``target`` = what it changed,
+  ``key`` = the operation key if any), ``email``, ``charge``: ``ok`` (committed or sent),
+  ``rejected`` (stopped by a fence, lease check or CAS), ``duplicate`` (stopped by a key),
+  ``crashed``/``aborted`` (rolled back).
+* ``read`` (``ok``: the worker saw ``target``'s committed state), ``raise`` (``ok``: the
+  fence was raised to ``generation`` and committed): the checker uses them to order a
+  successor's first action and a writer's view; ``wait``, ``pause``, ``resume``, ``crash``: informational.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from labkit.errors import BadArgument, BadArgumentType, LabkitError
+from labkit.fence import token
+
+__all__ = ["Event", "Violation", "check", "EFFECTS", "VIOLATION_KINDS"]
+
+EFFECTS = frozenset({"write", "email", "charge"})
+VIOLATION_KINDS = (
+    "stale_accepted",
+    "lost_update",
+    "duplicate_effect",
+    "acted_after_expiry",
+    "foreign_release",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One attempt and its answer.
+
+    Attributes:
+        time: when the answer came (simulated or real seconds).
+        worker: who tried, e.g. ``"A"``.
+        action: what was tried (see the module docstring).
+        outcome: what the system answered; ``"ok"`` means it took effect.
+        generation: the token the worker acted with (int or (epoch, n)), or None.
+        key: the operation key, if any (idempotency), else None.
+        target: what was leased or changed, e.g. ``"invoice-run"`` or ``"INV-1"``.
+        until: for ``acquire``/``renew`` the authority's expiry; for ``pause`` its end.
+    """
+
+    time: float
+    worker: str
+    action: str
+    outcome: str
+    generation: object = None
+    key: str | None = None
+    target: str | None = None
+    until: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """A broken safety property, with the event that broke it.
+
+    Attributes:
+        kind: one of ``VIOLATION_KINDS``.
+        event: the offending event.
+        message: one line a student can read.
+    """
+
+    kind: str
+    event: Event
+    message: str
+
+
+def _order(generation) -> tuple[int, int]:
+    return token(generation)
+
+
+def _checked(history: Iterable[Event]) -> list[Event]:
+    """The events in time order, each checked: a finite time, and a token or None as generation."""
+    if isinstance(history, (str, bytes, Mapping)) or not hasattr(history, "__iter__"):
+        raise BadArgumentType(
+            "history", f"must be an iterable of Event, got {type(history).__name__}"
+        )
+    events = list(history)
+    for i, e in enumerate(events):
+        if not isinstance(e, Event):
+            raise BadArgumentType("history", f"event {i} must be an Event, got {type(e).__name__}")
+        if (
+            isinstance(e.time, bool)
+            or not isinstance(e.time, (int, float))
+            or not math.isfinite(e.time)
+        ):
+            raise BadArgument(
+                "history",
+                f"event {i} ({e.worker} {e.action}) has time {e.time!r}, not a finite number",
+            )
+        if e.generation is not None:
+            try:
+                token(e.generation)
+            except LabkitError:
+                raise BadArgument(
+                    "history",
+                    f"event {i} ({e.worker} {e.action}) has generation "
+                    f"{e.generation!r}, not an int or an (epoch, counter) pair",
+                ) from None
+    return sorted(events, key=lambda e: e.time)
+
+
+def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -> list[Violation]:
+    """Return every safety violation in ``history`` (empty for a clean history).
+
+    One history is the story of ONE fenced job and ONE lease: every caller
+    (scenarios, the chaos run, the live demo, the graders) records one job's
+    writes and one lease name's grants. The checker relies on that: it keeps a
+    single highest committed token for all effects, and one lease expiry per
+    worker. To judge two jobs, check their histories separately.
+
+    Args:
+        history: events in the order they happened (sorted by ``time``, stable).
+        final: optionally, the committed state at the end, ``{target: generation}``;
+            a target whose last committed write is not what the table holds (or
+            that is missing or None there) was lost.
+
+    Raises:
+        BadArgumentType: ``history`` is not an iterable of :class:`Event`.
+        BadArgument: an event's time is not a finite number or its generation is
+            neither None, an int nor an ``(epoch, counter)`` pair (naming
+            ``history``); a value of ``final`` is not such a token (naming ``final``).
+
+    Checks:
+        stale_accepted: an effect committed with a token below one already committed.
+        lost_update: a target's committed write replaced by a lower token, or by another
+            worker whose last read of that target came before the write (it never saw it),
+            or missing from ``final``.
+        duplicate_effect: two committed effects with the same operation key.
+        acted_after_expiry: an effect committed by a worker whose lease had expired
+            and had meanwhile been granted to someone else who had begun to act on it
+            (an ``ok`` read, raise or effect). A commit that the successor waited for
+            (e.g. on the write lock) is ordered before it and is not flagged.
+        foreign_release: a release or renewal that succeeded for a worker not holding the lease.
+
+    Example:
+        >>> check([Event(0, "B", "write", "ok", 8, target="INV-1"),
+        ...        Event(1, "A", "write", "ok", 7, target="INV-2")])[0].kind
+        'stale_accepted'
+    """
+    events = _checked(history)
+    if final is not None:
+        if not isinstance(final, Mapping):
+            raise BadArgumentType(
+                "final", f"must be a mapping {{target: generation}}, got {type(final).__name__}"
+            )
+        for target, value in final.items():
+            if value is not None:
+                try:
+                    token(value)
+                except LabkitError:
+                    raise BadArgument(
+                        "final",
+                        f"{target!r} holds {value!r}, not an int or an (epoch, counter) pair",
+                    ) from None
+    found: list[Violation] = []
+    highest = None  # highest committed token so far
+    last_write: dict[str, Event] = {}
+    keys_done: dict[str, Event] = {}
+    expiry: dict[str, float] = {}  # worker -> its lease's expiry at the authority
+    holder: dict[str, tuple] = {}  # lease target -> (worker, generation) of the live lease
+    granted: dict[str, float] = {}  # worker -> when it last acquired
+    started: list[tuple[float, str]] = []  # (grant time, worker) of grantees that have acted since
+    last_read: dict[tuple, int] = {}  # (worker, target) -> position of its last ok read
+    position: dict[int, int] = {}  # id(event) -> position in time order
+
+    def flag(kind: str, event: Event, message: str) -> None:
+        found.append(Violation(kind, event, message))
+
+    for i, e in enumerate(events):
+        position[id(e)] = i
+        if e.outcome != "ok":
+            continue
+        if (
+            (e.action in EFFECTS or e.action in ("read", "raise"))
+            and e.worker in granted
+            and (granted[e.worker], e.worker) not in started
+        ):
+            started.append((granted[e.worker], e.worker))
+        if e.action == "read":
+            last_read[e.worker, e.target] = i
+        if e.action in ("acquire", "renew"):
+            if e.action == "renew" and holder.get(e.target, (e.worker, e.generation)) != (
+                e.worker,
+                e.generation,
+            ):
+                flag(
+                    "foreign_release",
+                    e,
+                    f"{e.worker} renewed generation {e.generation} "
+                    f"while {holder[e.target][0]} held the lease",
+                )
+            holder[e.target] = (e.worker, e.generation)
+            if e.action == "acquire":
+                granted[e.worker] = e.time
+            if e.until is not None:
+                expiry[e.worker] = e.until
+        elif e.action == "release":
+            owner = holder.get(e.target)
+            if owner is not None and owner != (e.worker, e.generation):
+                flag(
+                    "foreign_release",
+                    e,
+                    f"{e.worker}'s release (generation {e.generation}) "
+                    f"deleted {owner[0]}'s lease (generation {owner[1]})",
+                )
+            holder.pop(e.target, None)
+            expiry.pop(e.worker, None)
+        elif e.action in EFFECTS:
+            if e.generation is not None:
+                if highest is not None and _order(e.generation) < _order(highest):
+                    flag(
+                        "stale_accepted",
+                        e,
+                        f"a {e.action} with generation {e.generation} "
+                        f"was accepted after {highest} committed",
+                    )
+                if highest is None or _order(e.generation) > _order(highest):
+                    highest = e.generation
+                before = last_write.get(e.target)
+                if before is not None and _order(e.generation) < _order(before.generation):
+                    flag(
+                        "lost_update",
+                        e,
+                        f"{e.worker} (generation {e.generation}) overwrote "
+                        f"{e.target} written by {before.worker} (generation {before.generation})",
+                    )
+                elif (
+                    before is not None
+                    and before.worker != e.worker
+                    and last_read.get((e.worker, e.target), position[id(before)])
+                    < position[id(before)]
+                ):
+                    flag(
+                        "lost_update",
+                        e,
+                        f"{e.worker} overwrote {e.target} without having seen "
+                        f"{before.worker}'s write (generation {before.generation}) "
+                        f"that landed after its read",
+                    )
+                last_write[e.target] = e
+            if e.key is not None:
+                if e.key in keys_done:
+                    flag(
+                        "duplicate_effect",
+                        e,
+                        f"operation {e.key!r} took effect twice "
+                        f"(at t={keys_done[e.key].time:g} and t={e.time:g})",
+                    )
+                keys_done.setdefault(e.key, e)
+            if (
+                e.worker in expiry
+                and e.time >= expiry[e.worker]
+                and any(w != e.worker and granted.get(e.worker, -1.0) <= t for t, w in started)
+            ):
+                flag(
+                    "acted_after_expiry",
+                    e,
+                    f"{e.worker} committed a {e.action} at t={e.time:g}, "
+                    f"after its lease expired at t={expiry[e.worker]:g}",
+                )
+    if final is not None:
+        for target, e in last_write.items():
+            if final.get(target) is None or _order(final[target]) != _order(e.generation):
+                flag(
+                    "lost_update",
+                    e,
+                    f"{target}: committed by {e.worker} with generation "
+                    f"{e.generation}, but the table holds {final.get(target)}",
+                )
+    return found

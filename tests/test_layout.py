@@ -1,0 +1,48 @@
+"""The package's shape: a small core on top, subpackages by role, every module within its budget."""
+
+import pathlib
+
+import pytest
+
+LABKIT = pathlib.Path(__file__).resolve().parents[1] / "labkit"
+CORE = ("__init__", "clock", "errors", "db", "lease", "fence", "idempotency")
+COMMANDS = ("grade", "chaos")  # `python -m labkit.grade`, `python -m labkit.chaos`: a few lines each
+SUBPACKAGES = ("sim", "mechanisms", "scenarios", "views", "processes", "grading", "engines")
+
+
+def lines(path: pathlib.Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def counts() -> dict[str, int]:
+    """Formatted lines per part of the package: the core, each command, each subpackage."""
+    found = {"core": sum(lines(LABKIT / f"{name}.py") for name in CORE)}
+    found.update({name: lines(LABKIT / f"{name}.py") for name in COMMANDS})
+    found.update({pkg: sum(map(lines, (LABKIT / pkg).glob("*.py"))) for pkg in SUBPACKAGES})
+    return found
+
+
+def test_the_top_level_holds_the_core_the_commands_and_the_subpackages_only():
+    """Nothing else sits beside fence.py: every other module lives in a subpackage named by its role."""
+    top = {p.stem for p in LABKIT.glob("*.py")}
+    folders = {p.name for p in LABKIT.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert top == set(CORE) | set(COMMANDS)
+    assert folders == set(SUBPACKAGES)
+
+
+def test_line_budgets_hold():
+    """The core reads in one sitting (900), the rest outside grading 5,500, grading 3,500."""
+    found = counts()
+    outside = sum(n for part, n in found.items() if part not in ("grading", "engines"))
+    print("\n" + "\n".join(f"{part:>12} {n:6}" for part, n in found.items()))
+    print(f"{'outside grading/engines':>12} {outside:6}")
+    assert found["core"] <= 900
+    assert outside <= 5500
+    assert found["grading"] <= 3500
+    assert all(found[name] <= 12 for name in COMMANDS)
+
+
+@pytest.mark.parametrize("module", sorted(LABKIT.rglob("*.py")), ids=lambda p: str(p.relative_to(LABKIT)))
+def test_every_module_holds_one_idea_in_350_lines_or_fewer(module):
+    """No module is longer than 350 formatted lines."""
+    assert lines(module) <= 350
