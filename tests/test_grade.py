@@ -8,7 +8,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from labkit import grade, notebooks
+from labkit.grading import grader, notebooks
 
 
 def _check(task, test):
@@ -49,7 +49,7 @@ def graded(tmp_path_factory):
         nbformat.write(nb, root / "subs" / student / "99-demo.ipynb")
     (root / "subs" / "broken").mkdir()
     (root / "subs" / "broken" / "99-demo.ipynb").write_text("{not json")
-    results = grade.grade([str(root / "subs")], solutions=root / "solutions", cell_timeout=5)
+    results = grader.grade([str(root / "subs")], solutions=root / "solutions", cell_timeout=5)
     return root, {s.student: s for s in results}
 
 

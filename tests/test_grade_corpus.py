@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from labkit import grade, notebooks
+from labkit.grading import grader, notebooks
 
 import answers
 import corpus_part1
@@ -29,7 +29,7 @@ def _answered(exercise: dict, pick, tamper: bool = False) -> dict:
     nb = copy.deepcopy(exercise)
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     for before, cell in zip(code, code[1:]):
-        tid = grade.task_of(cell)
+        tid = grader.task_of(cell)
         if tid is None:
             continue
         before["source"] = (TAMPER if tamper else "") + pick(tid)
@@ -58,12 +58,12 @@ def graded(tmp_path_factory):
             folder = root / f"{student}-{path.stem[:2]}"
             folder.mkdir()
             (folder / path.name).write_text(json.dumps(nb))
-    return {s.student: s for s in grade.grade([str(root)], cell_timeout=60)}
+    return {s.student: s for s in grader.grade([str(root)], cell_timeout=60)}
 
 
 def test_the_corpus_covers_every_task():
     """Every task of every exercise has right and wrong answers in the corpus."""
-    tasks = {grade.task_of(c) for p in EXERCISES for c in json.loads(p.read_text())["cells"]} - {None}
+    tasks = {grader.task_of(c) for p in EXERCISES for c in json.loads(p.read_text())["cells"]} - {None}
     assert tasks and tasks <= set(CORPUS)
 
 

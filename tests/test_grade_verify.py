@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from labkit import grade, notebooks
+from labkit.grading import grader, notebooks
 
 EXERCISE = notebooks.ROOT / "exercises" / "02-fencing-tokens.ipynb"
 
@@ -60,7 +60,7 @@ def test_the_cheat_fools_nbval_alone(submissions, student):
 
 def test_the_grader_fails_every_cheat(submissions):
     """The grader re-checks outside the kernel: both cheats fail every task."""
-    results = {s.student: s for s in grade.grade([str(submissions)], cell_timeout=60)}
+    results = {s.student: s for s in grader.grade([str(submissions)], cell_timeout=60)}
     for student in ("reload", "custom-exc"):
         assert results[student].results and set(results[student].results.values()) == {"fail"}, results[student]
         assert "re-checked outside" in results[student].problem

@@ -2,7 +2,7 @@
 
 import json
 
-from labkit import notebooks
+from labkit.grading import notebooks
 
 
 def test_exercises_are_current():
