@@ -4,8 +4,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 NBVAL  := -p no:hypothesispytest --nbval-lax --nbval-current-env
-TOKEN  ?= $(shell $(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(24))')
-PORT   ?= 8888
+# `make lab TOKEN=... PORT=...` to choose; otherwise a new token and the first free port from 8888,
+# each computed once in the recipe's shell, so the URL printed is the one the server accepts.
+FREEPORT := import socket; print(next(p for p in range(8888, 8999) if socket.socket().connect_ex(("127.0.0.1", p))))
+NOBROWSER := $(if $(DISPLAY)$(WAYLAND_DISPLAY),,--no-browser)
 ROOTOK := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: lab test exercises bench clean
@@ -16,9 +18,13 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lab: $(STAMP)
-	@echo "JupyterLab on http://127.0.0.1:$(PORT)/lab?token=$(TOKEN)"
-	$(BIN)/jupyter lab --ip=127.0.0.1 --port=$(PORT) --IdentityProvider.token=$(TOKEN) \
-	    --ServerApp.root_dir=$(CURDIR) $(ROOTOK) notebooks/00-start-here.ipynb
+	@token="$(TOKEN)"; [ -n "$$token" ] || token=$$($(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(24))'); \
+	port="$(PORT)"; [ -n "$$port" ] || port=$$($(PYTHON) -c '$(FREEPORT)'); \
+	$(if $(NOBROWSER),echo "No display here: no browser opens; open the URL below yourself.";) \
+	echo "JupyterLab on http://127.0.0.1:$$port/lab?token=$$token"; \
+	exec $(BIN)/jupyter lab --ip=127.0.0.1 --port=$$port --ServerApp.port_retries=0 \
+	    --IdentityProvider.token=$$token --ServerApp.root_dir=$(CURDIR) $(ROOTOK) $(NOBROWSER) \
+	    notebooks/00-start-here.ipynb
 
 test: $(STAMP)
 	$(BIN)/ruff format --check labkit
