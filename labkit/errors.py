@@ -1,25 +1,14 @@
 """labkit's errors: one base class, a few subclasses, each carrying its data.
 
-Every error labkit raises derives from :class:`LabkitError`, so a caller can
-catch the whole family with one ``except``. Bad arguments are also
-``ValueError`` or ``TypeError``, so ordinary Python code catches them too.
+Bad arguments are also ``ValueError`` or ``TypeError``; each message says what to do.
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = [
-    "LabkitError",
-    "BadArgument",
-    "BadArgumentType",
-    "LeaseHeld",
-    "LeaseLost",
-    "StaleGeneration",
-    "KeyReused",
-    "Busy",
-]
-
+__all__ = ["LabkitError", "BadArgument", "BadArgumentType", "LeaseHeld", "LeaseLost"]
+__all__ += ["StaleGeneration", "KeyReused", "KeyNotRecorded", "Busy"]
 
 #: the largest integer SQLite stores: generations and counters stay in 0 .. MAX_INT
 MAX_INT = 2**63 - 1
@@ -30,9 +19,8 @@ def check_number(
 ):
     """Return ``value`` as a float (an int when ``integer``), or raise naming ``argument``.
 
-    The one number check: bools and non-numbers are a :class:`BadArgumentType`; NaN,
-    infinities, ints beyond a float's range, negatives (unless ``signed``), zero when
-    ``positive`` and values outside ``low`` .. ``high`` are a :class:`BadArgument`.
+    Bools and non-numbers are a BadArgumentType; NaN, infinities, negatives (unless
+    ``signed``), zero when ``positive`` and values outside ``low`` .. ``high`` a BadArgument.
     """
     if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
         kind = "an int" if integer else "a number"
@@ -56,38 +44,21 @@ class LabkitError(Exception):
 
 
 class _Argument(LabkitError):
-    """A bad argument, named: the shared part of :class:`BadArgument` and :class:`BadArgumentType`."""
-
     def __init__(self, argument: str, message: str) -> None:
         self.argument = argument
         super().__init__(f"{argument}: {message}")
 
 
 class BadArgument(_Argument, ValueError):
-    """An argument has the right type but an unusable value. Nothing was written.
-
-    Attributes:
-        argument: the parameter's name, e.g. ``"ttl"``.
-    """
+    """An argument (named by ``argument``) has an unusable value; nothing was written."""
 
 
 class BadArgumentType(_Argument, TypeError):
-    """An argument has the wrong type. Nothing was written.
-
-    Attributes:
-        argument: the parameter's name, e.g. ``"generation"``.
-    """
+    """An argument (named by ``argument``) has the wrong type; nothing was written."""
 
 
 class LeaseHeld(LabkitError):
-    """Someone holds an unexpired lease on this name.
-
-    Attributes:
-        name: the lease's name.
-        holder: the current owner.
-        generation: the holder's generation.
-        expires_at: when the holder's lease expires at the authority.
-    """
+    """Someone holds an unexpired lease: ``name``, ``holder``, ``generation``, ``expires_at``."""
 
     def __init__(self, name: str, holder: str, generation: int, expires_at: float) -> None:
         self.name, self.holder = name, holder
@@ -99,13 +70,7 @@ class LeaseHeld(LabkitError):
 
 
 class LeaseLost(LabkitError):
-    """Renew or release was refused: owner and generation no longer match a live lease.
-
-    Attributes:
-        name: the lease's name.
-        owner: who asked.
-        generation: the generation they asked with.
-    """
+    """Renew or release was refused: ``owner`` and ``generation`` no longer hold lease ``name``."""
 
     def __init__(self, name: str, owner: str, generation: int) -> None:
         self.name, self.owner, self.generation = name, owner, generation
@@ -116,13 +81,9 @@ class LeaseLost(LabkitError):
 
 
 class StaleGeneration(LabkitError):
-    """The fence has seen a higher token: this writer is obsolete and wrote nothing.
+    """The fence of ``job`` is at ``current``, above the ``offered`` token; nothing was written.
 
-    Attributes:
-        offered: the token the writer offered (None when it cannot be known,
-            e.g. a protected table refused a row bound by position).
-        current: the fence's token at the time (None when unknown).
-        job: the fenced job, when known.
+    Each is None when unknown (e.g. a protected table refused a row bound by position).
     """
 
     def __init__(self, offered, current, job: str | None = None) -> None:
@@ -137,13 +98,7 @@ class StaleGeneration(LabkitError):
 
 
 class KeyReused(LabkitError):
-    """An idempotency key was reused with a different payload.
-
-    Attributes:
-        key: the key.
-        stored: the canonical JSON payload recorded first.
-        offered: the canonical JSON payload offered now.
-    """
+    """``key`` was first used with payload ``stored``, now with ``offered`` (canonical JSON)."""
 
     def __init__(self, key: str, stored: str | None, offered: str | None) -> None:
         self.key, self.stored, self.offered = key, stored, offered
@@ -153,12 +108,16 @@ class KeyReused(LabkitError):
         )
 
 
-class Busy(LabkitError):
-    """The database stayed locked past the busy timeout. Nothing was written.
+class KeyNotRecorded(LabkitError):
+    """:func:`labkit.run_once` could not record ``key``; ``reason`` says why and what to do."""
 
-    Attributes:
-        timeout_ms: the busy timeout that ran out.
-    """
+    def __init__(self, key: str, reason: str) -> None:
+        self.key, self.reason = key, reason
+        super().__init__(f"key {key!r} was not recorded: {reason}")
+
+
+class Busy(LabkitError):
+    """The database stayed locked past the busy timeout ``timeout_ms``; nothing was written."""
 
     def __init__(self, timeout_ms: int | None = None) -> None:
         self.timeout_ms = timeout_ms

@@ -1,8 +1,7 @@
 """The fence: where the effect happens, remember the highest token and refuse lower ones.
 
-A token is a generation ``n`` (meaning ``(0, n)``) or an ``(epoch, counter)``
-pair. The fence compares them as SQLite row values, ``(epoch, generation) <=
-(:epoch, :generation)``, so one conditional ``UPDATE`` serves both. Equal tokens
+A token is a generation ``n`` (meaning ``(0, n)``) or an ``(epoch, counter)`` pair,
+compared as SQLite row values, so one conditional ``UPDATE`` serves both. Equal tokens
 pass: one owner may write several times. That is why a fence is not duplicate
 suppression; :func:`labkit.run_once` is.
 """
@@ -15,70 +14,123 @@ from typing import Any, Iterator
 
 import sqlite_utils
 
-from labkit.db import (
-    check_db,
-    check_name,
-    ensure,
-    execute,
-    in_transaction,
-    quote,
-    transaction,
-)
-from labkit.errors import BadArgument, BadArgumentType, LabkitError, StaleGeneration
-from labkit.errors import check_number, MAX_INT
+from labkit.db import check_db, check_name, ensure, execute, in_transaction, quote, transaction
+from labkit.errors import MAX_INT, BadArgument, BadArgumentType, LabkitError, StaleGeneration
+from labkit.errors import check_number
 
-__all__ = ["Fence", "Tx", "token", "unfenced", "check_tx"]
-
-_OWN_TABLES = {"job_fence", "lease_counter", "leases", "idempotency_keys", "labkit_protected"}
-
-# The triggers of Fence.protect. Only quoted identifiers are formatted in (a
-# trigger cannot take bound parameters); the messages are fixed literals that
-# labkit.db translates. The WHEN clause is the fast path: a row carrying exactly
-# the fence's token needs nothing done (one index lookup). Otherwise one CASE
-# makes every check, and the upsert raises the fence in the same statement as
-# the row's write (creating the fence row if the job had none).
-_TRIGGER = """
-CREATE TRIGGER IF NOT EXISTS {name} BEFORE {event} ON {table}
-WHEN NOT EXISTS (SELECT 1 FROM job_fence WHERE job_id = NEW.job_id AND epoch = 0
-                 AND generation = NEW.{column} AND typeof(NEW.{column}) = 'integer')
-BEGIN
-    SELECT CASE
-        WHEN typeof(NEW.{column}) <> 'integer'
-            THEN RAISE(ABORT, 'labkit: generation must be an integer')
-        WHEN NEW.job_id IS NULL
-            THEN RAISE(ABORT, 'labkit: job_id must not be NULL')
-        WHEN (0, NEW.{column}) < (SELECT epoch, generation FROM job_fence WHERE job_id = NEW.job_id)
-            THEN RAISE(ABORT, 'labkit: stale generation')
-    END;
-    INSERT INTO job_fence(job_id, epoch, generation) VALUES (NEW.job_id, 0, NEW.{column})
-        ON CONFLICT(job_id) DO UPDATE SET generation = excluded.generation
-        WHERE generation < excluded.generation;
-END"""
+__all__ = ["Fence", "Tx", "token", "show", "unfenced", "check_tx"]
 
 
-def _missing(job: str) -> LabkitError:
-    return LabkitError(
-        f"the fence row of job {job!r} is gone: a fence must never be reset; "
-        "restore it with its highest token"
-    )
+class Fence:
+    """The permanent fence row of one job in ``job_fence``: the highest token accepted so far.
+
+    >>> from labkit import connect
+    >>> Fence(connect(), "invoice-run")
+    Fence(job='invoice-run')
+    """
+
+    def __init__(self, db, job: str) -> None:
+        self.db, self.job = db, check_name(job, "job")
+        sql = "INSERT INTO job_fence(job_id, epoch, generation) VALUES (?, 0, 0)"
+        ensure(db, "SELECT 1 FROM job_fence WHERE job_id = ?", (self.job,), sql, (self.job,))
+
+    @contextlib.contextmanager
+    def guard(self, generation) -> Iterator[Tx]:
+        """``BEGIN IMMEDIATE``; raise the fence to ``generation`` or refuse; the block; ``COMMIT``.
+
+        A row back from the one conditional ``UPDATE`` means accepted; the raised fence and
+        the block's writes (through the yielded :class:`Tx`) commit or roll back together.
+
+        >>> from labkit import connect
+        >>> fence = Fence(connect(), "job")
+        >>> with fence.guard(8) as tx:
+        ...     _ = tx.execute("INSERT INTO invoices VALUES ('job', 'INV-1', 100, 8)")
+        >>> with fence.guard(7) as tx:
+        ...     _ = tx.execute("INSERT INTO invoices VALUES ('job', 'INV-2', 90, 7)")
+        Traceback (most recent call last):
+        labkit.errors.StaleGeneration: generation 7 is below the fence of job 'job' (already...
+        """
+        epoch, counter = token(generation)
+        with transaction(self.db) as conn:
+            raised = execute(
+                conn,
+                """
+                UPDATE job_fence SET epoch = :epoch, generation = :generation
+                WHERE job_id = :job AND (epoch, generation) <= (:epoch, :generation)
+                RETURNING epoch, generation""",
+                {"epoch": epoch, "generation": counter, "job": self.job},
+            )
+            if not raised:
+                raise StaleGeneration(show((epoch, counter)), self.current(), self.job)
+            with _Block() as block:
+                yield Tx(conn, (epoch, counter), self.job, block)  # the effect, in this transaction
+
+    def current(self) -> int | tuple[int, int]:
+        """Return the highest token accepted (an int while the epoch is 0); a lost row is an error.
+
+        >>> from labkit import connect
+        >>> Fence(connect(), "job").current()
+        0
+        """
+        sql = "SELECT epoch, generation FROM job_fence WHERE job_id = ?"
+        if not (rows := execute(self.db, sql, (self.job,))):
+            gone = f"the fence row of job {self.job!r} is gone: a fence must never be reset"
+            raise LabkitError(f"{gone}; restore it with its highest token")
+        return show(rows[0])
+
+    def protect(self, table: str, column: str = "generation") -> None:
+        """Install SQLite triggers so that ``table`` refuses rows with a stale token, from anyone.
+
+        Covered: an ``INSERT`` or ``UPDATE`` whose new row carries in ``column`` an int ``n``
+        (meaning ``(0, n)``) below the fence of its ``job_id`` is aborted whole; a row really
+        written raises that fence. A row without an int token, a job, or a fence row (made by
+        ``Fence(db, job)``) is refused, and no fence row may be lowered, renamed or deleted.
+        Not covered: an ``UPDATE`` leaving ``column`` unchanged (it keeps the row's old token),
+        a ``DELETE`` of a protected row, and dropping the triggers: such writers need
+        :meth:`guard`. Existing rows raise their fences; calling it again changes nothing.
+
+        >>> from labkit import connect
+        >>> db = connect(); Fence(db, "job").protect("invoices")
+        >>> _ = execute(db, "INSERT INTO invoices VALUES ('job', 'INV-1', 120, 8)")
+        >>> execute(db, "INSERT INTO invoices VALUES ('job', 'INV-2', 100, 7)")
+        Traceback (most recent call last):
+        labkit.errors.StaleGeneration: a stale generation is below the fence; ...
+        """
+        table, column = check_name(table, "table"), check_name(column, "column")
+        if table.lower() in _OWN_TABLES:
+            raise BadArgument("table", f"{table!r} is one of labkit's own tables")
+        sql = """SELECT lower(name) FROM pragma_table_info(:t) WHERE EXISTS (
+            SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = :t COLLATE NOCASE)"""
+        if not (columns := {name for (name,) in execute(self.db, sql, {"t": table})}):
+            raise BadArgument("table", f"there is no table named {table!r}")
+        if "job_id" not in columns:
+            raise BadArgument("table", f"{table!r} has no job_id column, the fenced job of a row")
+        if column.lower() not in columns:
+            raise BadArgument("column", f"{table!r} has no column {column!r}")
+        t, c = quote(table), quote(column)
+        with transaction(self.db):
+            for statement in _ONCE:
+                execute(self.db, statement.format(table=t, column=c))
+            for event in ("INSERT", "UPDATE"):
+                for when, trigger in (("check", _CHECK_ROW), ("raise", _RAISE_FENCE)):
+                    name = quote(f"labkit_fence:{len(table)}:{table}:{column}:{event}:{when}")
+                    execute(self.db, trigger.format(name=name, event=event, table=t, column=c))
+            sql = "INSERT INTO labkit_protected VALUES (?, ?) ON CONFLICT DO NOTHING"
+            execute(self.db, sql, (table, column))
+
+    def __repr__(self) -> str:
+        return f"Fence(job={self.job!r})"
 
 
 def token(generation: Any, argument: str = "generation") -> tuple[int, int]:
-    """Return ``generation`` as an ``(epoch, counter)`` pair; an int ``n`` means ``(0, n)``.
-
-    Raises:
-        BadArgumentType, BadArgument: for bools, floats, negatives, values >= 2**63,
-            or a pair that is not two such ints.
-    """
-    if isinstance(generation, (tuple, list)):
-        if len(generation) != 2:
-            raise BadArgument(
-                argument, f"must be an int or an (epoch, counter) pair, got {generation!r}"
-            )
-        return check_number(generation[0], argument, integer=True, high=MAX_INT), check_number(
-            generation[1], argument, integer=True, high=MAX_INT
+    """Return ``generation`` as an ``(epoch, counter)`` pair (``n`` is ``(0, n)``), or raise."""
+    if not isinstance(generation, (tuple, list)):
+        return 0, check_number(generation, argument, integer=True, high=MAX_INT)
+    if len(generation) != 2:
+        raise BadArgument(
+            argument, f"must be an int or an (epoch, counter) pair, got {generation!r}"
         )
-    return 0, check_number(generation, argument, integer=True, high=MAX_INT)
+    return tuple(check_number(n, argument, integer=True, high=MAX_INT) for n in generation)
 
 
 def show(pair: tuple[int, int]) -> int | tuple[int, int]:
@@ -86,31 +138,27 @@ def show(pair: tuple[int, int]) -> int | tuple[int, int]:
     return pair[1] if pair[0] == 0 else tuple(pair)
 
 
+# --- the transaction a guard hands out, alive only inside its with block -----------------------
+
+
 class _Block:
-    """Whether the ``with`` block that made a :class:`Tx` is still open (set False on exit)."""
+    """The ``with`` block that made a :class:`Tx`: open until it exits."""
 
-    __slots__ = ("open",)
+    open = True
 
-    def __init__(self) -> None:
-        self.open = True
+    def __enter__(self) -> _Block:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.open = False
 
 
 @dataclass(frozen=True, slots=True)
 class Tx:
-    """An open write transaction, as :meth:`Fence.guard` (or :func:`unfenced`) hands it out.
+    """The open transaction ``conn`` of a guard whose fence (of ``job``) accepted ``token``.
 
-    A ``Tx`` is live only while the ``with`` block that made it is open: once
-    the block ends, :meth:`execute` refuses, and so does every store that takes
-    a ``tx``, even if a later transaction is open on the same connection.
-
-    Attributes:
-        conn: the sqlite3 connection, inside ``BEGIN IMMEDIATE``.
-        token: the accepted ``(epoch, counter)`` (``(0, 0)`` for an unfenced one by default).
-        job: the job whose fence accepted ``token``; None for an unfenced transaction.
-            Only :meth:`Fence.guard` makes a ``Tx`` with a job.
-
-    Constructing one by hand, ``Tx(conn, token)``, gives an unfenced ``Tx`` that
-    is live while its connection is inside a transaction; prefer :func:`unfenced`.
+    :func:`unfenced` and ``Tx(conn, token)`` by hand give ``job`` None. Once its ``with`` block
+    ends, :meth:`execute` and every store refuse it, even inside a later transaction.
     """
 
     conn: Any
@@ -125,32 +173,20 @@ class Tx:
         if self.job is not None:
             check_name(self.job, "job")
             if not isinstance(self._block, _Block):
-                raise BadArgument(
-                    "job", "only Fence.guard makes a fenced Tx; use Fence(db, job).guard(token)"
-                )
+                raise BadArgument("job", "only Fence.guard makes a fenced Tx")
 
     @property
     def live(self) -> bool:
-        """True while this transaction's ``with`` block is open (and its connection in a transaction)."""
-        if self._block is not None and not self._block.open:
-            return False
-        return in_transaction(self.conn)
+        """True while this transaction's ``with`` block is open, and its transaction too."""
+        return (self._block is None or self._block.open) and in_transaction(self.conn)
 
     def execute(self, sql: str, params: Any = ()) -> list[tuple]:
-        """Run one statement in this transaction with bound ``params``; return all rows.
+        """Run one statement in this transaction (a BadArgument after the block); return all rows.
 
-        The rows are a fully fetched list, so nothing is left open at ``COMMIT``.
-
-        Raises:
-            BadArgument: the transaction has ended (the ``with`` block is over): a
-                write here would escape the fence, so it is refused, even inside a
-                later transaction on the same connection.
-
-        Example:
-            >>> from labkit import connect, Fence
-            >>> with Fence(connect(), "job").guard(1) as tx:
-            ...     tx.execute("SELECT generation FROM job_fence")
-            [(1,)]
+        >>> from labkit import connect
+        >>> with Fence(connect(), "job").guard(1) as tx:
+        ...     tx.execute("SELECT generation FROM job_fence")
+        [(1,)]
         """
         if not self.live:
             raise BadArgument("tx", "this transaction has ended; write inside the with block")
@@ -158,58 +194,22 @@ class Tx:
 
     @property
     def db(self) -> sqlite_utils.Database:
-        """The sqlite-utils view of the same connection and transaction.
-
-        Its writes (``tx.db["invoices"].insert({...})``) commit or roll back with
-        the guard. Unlike :meth:`execute` it cannot refuse use after the block ends.
-        """
+        """The sqlite-utils view of this transaction (it cannot refuse use after the block)."""
         return sqlite_utils.Database(self.conn)
 
 
 @contextlib.contextmanager
-def _open(conn, generation: tuple[int, int], job: str | None) -> Iterator[Tx]:
-    block = _Block()
-    try:
-        yield Tx(conn, generation, job, block)
-    finally:
-        block.open = False
-
-
-@contextlib.contextmanager
 def unfenced(db, generation=0) -> Iterator[Tx]:
-    """``BEGIN IMMEDIATE`` without any fence check, yielding an unfenced :class:`Tx` (``job`` None).
-
-    The unprotected path, and the transaction :func:`labkit.run_once` opens on a
-    database. The ``Tx`` carries ``generation`` as its token but nothing checked
-    it, so fenced stores (:class:`~labkit.mechanisms.effects.FencedFileStore`,
-    :class:`~labkit.mechanisms.effects.Outbox`) refuse it. It is dead once the block ends.
-
-    Raises:
-        BadArgument, BadArgumentType: ``db`` or ``generation`` is not usable (nothing ran).
-        Busy: the write lock stayed taken past the busy timeout.
-
-    Example:
-        >>> from labkit import connect
-        >>> with unfenced(connect(), 7) as tx:
-        ...     _ = tx.execute("INSERT INTO invoices VALUES ('job', 'INV-1', 100, 7)")
-        >>> tx.job, tx.live
-        (None, False)
-    """
+    """``BEGIN IMMEDIATE`` without a fence check: its :class:`Tx` is refused by fenced stores."""
     pair = token(generation)
-    with transaction(db) as conn, _open(conn, pair, None) as tx:
-        yield tx
+    with transaction(db) as conn, _Block() as block:
+        yield Tx(conn, pair, None, block)
 
 
 def check_tx(tx, db, job: str | None, argument: str = "tx", *, fenced: bool = True) -> Tx:
-    """Return ``tx`` if it is a live transaction on ``db``'s connection, fenced by ``job``'s fence.
+    """Return ``tx`` if it is live on ``db``'s connection and fenced by ``job``, else raise.
 
-    With ``job`` None any fenced job is accepted, but not an unfenced ``Tx``;
-    with ``fenced=False`` an unfenced one is accepted too.
-
-    Raises:
-        BadArgumentType: ``tx`` is not a :class:`Tx`.
-        BadArgument: its block has ended, it runs on another connection, it is
-            unfenced, or another job's fence accepted it. All name ``argument``.
+    ``job`` None accepts any job; ``fenced=False`` accepts an unfenced ``Tx`` too.
     """
     if not isinstance(tx, Tx):
         raise BadArgumentType(argument, f"must be a Tx from Fence.guard, got {type(tx).__name__}")
@@ -224,183 +224,56 @@ def check_tx(tx, db, job: str | None, argument: str = "tx", *, fenced: bool = Tr
     return tx
 
 
-class Fence:
-    """The permanent fence row of one job, kept in ``job_fence``.
+# --- what Fence.protect installs ------------------------------------------------------------------
+# Only quoted identifiers are formatted in (a trigger takes no parameters); the RAISE texts are
+# fixed, and labkit.db turns them into labkit's errors.
 
-    Example:
-        >>> from labkit import connect
-        >>> db = connect(); fence = Fence(db, "invoices")
-        >>> with fence.guard(8) as tx:
-        ...     _ = tx.execute("INSERT INTO invoices VALUES ('invoices', 'INV-1', 100, 8)")
-        >>> fence.current()
-        8
-    """
+_OWN_TABLES = {"job_fence", "lease_counter", "leases", "idempotency_keys", "labkit_protected"}
+_ONCE = (
+    """CREATE TABLE IF NOT EXISTS labkit_protected (
+    table_name TEXT, column_name TEXT, PRIMARY KEY (table_name, column_name))""",
+    # the rows already there raise their jobs' fences (never lowering one)
+    """INSERT INTO job_fence(job_id, epoch, generation)
+    SELECT t.job_id, 0, max(t.{column}) FROM {table} AS t LEFT JOIN job_fence AS f USING (job_id)
+    WHERE typeof(t.{column}) = 'integer' AND t.job_id IS NOT NULL AND ifnull(f.epoch, 0) = 0
+    GROUP BY t.job_id HAVING f.job_id IS NULL OR max(t.{column}) > f.generation
+    ON CONFLICT(job_id) DO UPDATE SET generation = excluded.generation""",
+    # the fence rows themselves: never lower, never renamed or deleted, never replaced lower
+    """CREATE TRIGGER IF NOT EXISTS labkit_fence_never_lower BEFORE UPDATE ON job_fence
+    BEGIN SELECT CASE
+        WHEN NEW.job_id IS NOT OLD.job_id THEN RAISE(ABORT, 'labkit: a fence row is never deleted')
+        WHEN (NEW.epoch, NEW.generation) < (OLD.epoch, OLD.generation)
+            THEN RAISE(ABORT, 'labkit: stale generation')
+    END; END""",
+    """CREATE TRIGGER IF NOT EXISTS labkit_fence_never_deleted BEFORE DELETE ON job_fence
+    BEGIN SELECT RAISE(ABORT, 'labkit: a fence row is never deleted'); END""",
+    """CREATE TRIGGER IF NOT EXISTS labkit_fence_never_replaced_lower BEFORE INSERT ON job_fence
+    WHEN EXISTS (SELECT 1 FROM job_fence WHERE job_id = NEW.job_id
+                 AND (epoch, generation) > (NEW.epoch, NEW.generation))
+    BEGIN SELECT RAISE(ABORT, 'labkit: stale generation'); END""",
+)
 
-    def __init__(self, db, job: str) -> None:
-        self.db, self.job = db, check_name(job, "job")
-        ensure(
-            db,
-            "SELECT 1 FROM job_fence WHERE job_id = ?",
-            (self.job,),
-            "INSERT INTO job_fence(job_id, epoch, generation) VALUES (?, 0, 0) "
-            "ON CONFLICT(job_id) DO NOTHING",
-            (self.job,),
-        )
+# Before a row is written, judge it: a row carrying exactly its fence's token passes at once.
+_CHECK_ROW = """
+CREATE TRIGGER IF NOT EXISTS {name} BEFORE {event} ON {table}
+WHEN NOT EXISTS (SELECT 1 FROM job_fence WHERE job_id = NEW.job_id AND epoch = 0
+                 AND generation = NEW.{column} AND typeof(NEW.{column}) = 'integer')
+BEGIN
+    SELECT CASE
+        WHEN typeof(NEW.{column}) <> 'integer'
+            THEN RAISE(ABORT, 'labkit: generation must be an integer')
+        WHEN NEW.job_id IS NULL THEN RAISE(ABORT, 'labkit: job_id must not be NULL')
+        WHEN NOT EXISTS (SELECT 1 FROM job_fence WHERE job_id = NEW.job_id)
+            THEN RAISE(ABORT, 'labkit: no fence row for this job')
+        WHEN (0, NEW.{column}) < (SELECT epoch, generation FROM job_fence WHERE job_id = NEW.job_id)
+            THEN RAISE(ABORT, 'labkit: stale generation')
+    END;
+END"""
 
-    def current(self) -> int | tuple[int, int]:
-        """Return the highest token the fence has accepted (an int while the epoch is 0).
-
-        Raises:
-            LabkitError: the fence row was deleted behind labkit's back (a fence
-                must never be reset; restore it with its old token).
-
-        Example:
-            >>> from labkit import connect
-            >>> Fence(connect(), "job").current()
-            0
-        """
-        rows = execute(
-            self.db, "SELECT epoch, generation FROM job_fence WHERE job_id = ?", (self.job,)
-        )
-        if not rows:
-            raise _missing(self.job)
-        return show(rows[0])
-
-    @contextlib.contextmanager
-    def guard(self, generation) -> Iterator[Tx]:
-        """Open ``BEGIN IMMEDIATE`` and raise the fence to ``generation``, or refuse.
-
-        One conditional ``UPDATE ... WHERE (epoch, generation) <= (:epoch, :generation)
-        RETURNING`` decides: a row back means accepted (equal tokens are accepted).
-        The block's writes and the raised fence commit together, or roll back
-        together on any exception. While the block runs, this transaction holds
-        the write lock: a successor's guard waits for it (up to its busy timeout).
-
-        Args:
-            generation: an int ``n`` (meaning ``(0, n)``) or an ``(epoch, counter)`` pair.
-
-        Yields:
-            A :class:`Tx` for the block's writes (``tx.job`` is this fence's job);
-            it is dead once the block ends.
-
-        Raises:
-            BadArgument, BadArgumentType: ``generation`` is not a token (nothing ran).
-            StaleGeneration: the fence is above ``generation``; nothing was written.
-            Busy: the write lock stayed taken past the busy timeout.
-
-        Example:
-            >>> from labkit import connect
-            >>> fence = Fence(connect(), "job")
-            >>> with fence.guard(8) as tx:
-            ...     _ = tx.execute("INSERT INTO invoices VALUES ('job', 'INV-1', 100, 8)")
-            >>> try:
-            ...     with fence.guard(7) as tx:
-            ...         _ = tx.execute("INSERT INTO invoices VALUES ('job', 'INV-2', 90, 7)")
-            ... except StaleGeneration as exc:
-            ...     print(exc.offered, exc.current)
-            7 8
-        """
-        epoch, counter = token(generation)
-        with transaction(self.db) as conn:
-            raised = execute(
-                conn,
-                """
-                UPDATE job_fence SET epoch = :epoch, generation = :generation
-                WHERE job_id = :job AND (epoch, generation) <= (:epoch, :generation)
-                RETURNING epoch, generation""",
-                {"epoch": epoch, "generation": counter, "job": self.job},
-            )
-            if not raised:
-                raise StaleGeneration(show((epoch, counter)), self.current(), self.job)
-            with _open(conn, (epoch, counter), self.job) as tx:
-                yield tx
-
-    def protect(self, table: str, column: str = "generation") -> None:
-        """Make SQLite itself refuse stale rows in ``table``, for every writer.
-
-        Installs two ``BEFORE INSERT``/``BEFORE UPDATE`` triggers on ``table``. For
-        each new row they compare ``(0, NEW.<column>)`` with the ``job_fence`` row
-        whose ``job_id`` is the row's ``job_id``: a lower token aborts the statement
-        (nothing of it is written); otherwise the same statement raises that fence
-        to the row's token (creating the fence row if the job had none). A writer
-        that never calls :meth:`guard` can then no longer write stale. labkit's own
-        calls (:func:`labkit.db.execute`, ``tx.execute``) report the refusal as
-        :class:`~labkit.StaleGeneration`; a bare ``sqlite3`` writer sees
-        ``IntegrityError: labkit: stale generation``.
-
-        Rules for the table: it must have a ``job_id`` column (the fenced job of
-        each row) and ``column`` holds the writer's token as an integer (a row
-        without an integer token is refused). An ``UPDATE`` must set ``column`` to
-        the updater's token: the triggers judge the row as it will be. Deletes are
-        not fenced. A row's int token ``n`` means ``(0, n)``, so once a fence has
-        an epoch above 0 every int row is stale: writers using ``(epoch, counter)``
-        tokens go through :meth:`guard` instead. Existing rows raise their jobs'
-        fences to their highest token. Calling it again changes nothing.
-
-        Args:
-            table: the table to protect (not one of labkit's own tables).
-            column: the integer token column, ``"generation"`` by default.
-
-        Raises:
-            BadArgument: no such table, no ``job_id`` or ``column`` column, or
-                one of labkit's own tables. Nothing was changed.
-
-        Example:
-            >>> from labkit import connect
-            >>> from labkit.db import execute
-            >>> db = connect(); fence = Fence(db, "job"); fence.protect("invoices")
-            >>> _ = execute(db, "INSERT INTO invoices VALUES ('job', 'INV-1', 120, 8)")
-            >>> fence.current()
-            8
-            >>> try:
-            ...     execute(db, "INSERT INTO invoices VALUES (:job_id, 'INV-2', 100, :generation)",
-            ...             {"job_id": "job", "generation": 7})
-            ... except StaleGeneration as exc:
-            ...     print(exc.offered, exc.current, exc.job)
-            7 8 job
-        """
-        table, column = check_name(table, "table"), check_name(column, "column")
-        if table.lower() in _OWN_TABLES:
-            raise BadArgument("table", f"{table!r} is one of labkit's own tables")
-        kinds = execute(
-            self.db, "SELECT type FROM sqlite_master WHERE name = ? COLLATE NOCASE", (table,)
-        )
-        if ("table",) not in kinds:
-            raise BadArgument("table", f"there is no table named {table!r}")
-        columns = {
-            name.lower()
-            for (name,) in execute(self.db, "SELECT name FROM pragma_table_info(?)", (table,))
-        }
-        if "job_id" not in columns:
-            raise BadArgument(
-                "table", f"{table!r} has no job_id column: protect() fences rows by job_id"
-            )
-        if column.lower() not in columns:
-            raise BadArgument("column", f"{table!r} has no column {column!r}")
-        t, c = quote(table), quote(column)
-        with transaction(self.db):
-            execute(
-                self.db,
-                "CREATE TABLE IF NOT EXISTS labkit_protected ("
-                "table_name TEXT, column_name TEXT, PRIMARY KEY (table_name, column_name))",
-            )
-            for event in ("INSERT", "UPDATE"):
-                name = quote(f"labkit_fence:{len(table)}:{table}:{column}:{event.lower()}")
-                execute(self.db, _TRIGGER.format(name=name, event=event, table=t, column=c))
-            execute(
-                self.db,
-                f"""
-                INSERT INTO job_fence(job_id, epoch, generation)
-                SELECT job_id, 0, max({c}) FROM {t}
-                WHERE typeof({c}) = 'integer' AND job_id IS NOT NULL GROUP BY job_id
-                ON CONFLICT(job_id) DO UPDATE SET generation = excluded.generation
-                WHERE epoch = 0 AND generation < excluded.generation""",
-            )
-            execute(
-                self.db,
-                "INSERT INTO labkit_protected VALUES (?, ?) ON CONFLICT DO NOTHING",
-                (table, column),
-            )
-
-    def __repr__(self) -> str:
-        return f"Fence(job={self.job!r})"
+# After a row really was written (INSERT OR IGNORE may skip it), raise its fence.
+_RAISE_FENCE = """
+CREATE TRIGGER IF NOT EXISTS {name} AFTER {event} ON {table}
+BEGIN
+    UPDATE job_fence SET generation = NEW.{column}
+    WHERE job_id = NEW.job_id AND epoch = 0 AND generation < NEW.{column};
+END"""

@@ -1,9 +1,9 @@
 """Idempotency: the current owner must not repeat an effect.
 
-A fence lets every write of the current generation through, so a retried
-insert or a repeated charge within one generation is not the fence's problem.
-:func:`run_once` records an operation key in the same transaction as the
-effect: the key and the effect commit together or not at all.
+A fence lets every write of the current generation through, so a retried insert or a
+repeated charge within one generation is not the fence's problem. :func:`run_once`
+records an operation key in the same transaction as the effect: the key and the
+effect commit together or not at all.
 """
 
 from __future__ import annotations
@@ -12,22 +12,22 @@ import contextlib
 import json
 from typing import Any, Callable
 
-from labkit.db import check_db, check_name, execute, rowcount
-from labkit.errors import BadArgument, BadArgumentType, KeyReused, LabkitError
+from labkit.db import check_db, check_name, execute, in_transaction, rowcount
+from labkit.errors import BadArgument, BadArgumentType, KeyNotRecorded, KeyReused, LabkitError
 from labkit.fence import Tx, unfenced
 
-__all__ = ["run_once"]
+__all__ = ["run_once", "canonical"]
+
+IN_PROGRESS = "it is in progress: run_once met it again inside its own effect; use another key"
+ENDED = "the effect ended run_once's transaction (COMMIT or ROLLBACK); check what it committed"
+UNDONE = "the effect rolled back run_once's savepoint (ROLLBACK TO run_once); raise to undo one"
 
 
 def canonical(value: Any, argument: str) -> str:
-    """``value`` as canonical JSON (sorted keys, no spaces, no NaN): how payloads are compared.
+    """``value`` as canonical JSON (sorted keys, no spaces, no NaN), or raise naming ``argument``.
 
-    Raises:
-        BadArgument: ``value`` is not JSON-serialisable, naming ``argument``.
-
-    Example:
-        >>> canonical({"b": 1, "a": [1, 2]}, "payload")
-        '{"a":[1,2],"b":1}'
+    >>> canonical({"b": 1, "a": [1, 2]}, "payload")
+    '{"a":[1,2],"b":1}'
     """
     try:
         return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
@@ -36,80 +36,77 @@ def canonical(value: Any, argument: str) -> str:
 
 
 def run_once(db_or_tx, key: str, effect: Callable[[Tx], Any], *, payload: Any = None) -> Any:
-    """Call ``effect(tx)`` once per ``key`` and remember its JSON result.
+    """Call ``effect(tx)`` once per ``key`` and return its result, as JSON gives it back.
 
-    The key and the effect's writes commit in one transaction. A repeat with the
-    same key returns the stored result without calling ``effect``. Given a
-    database, it opens its own ``BEGIN IMMEDIATE``; given a ``tx`` from
-    :meth:`Fence.guard`, it joins that transaction (inside a savepoint, so a
-    failing effect leaves no key behind).
+    The key and the effect's writes commit together. A repeat with the same key returns the
+    stored result without calling ``effect``; with another ``payload`` it raises KeyReused.
+    Given a database it opens its own ``BEGIN IMMEDIATE`` (the effect's ``tx`` is unfenced);
+    given a guard's ``tx`` it joins it, in ``SAVEPOINT run_once``. If ``effect`` raises, nothing
+    is recorded; a nested call with the same key, or an effect that ends the transaction or
+    the savepoint, is a KeyNotRecorded.
 
-    Args:
-        db_or_tx: a labkit database or an open :class:`Tx`.
-        key: the operation's unique key, e.g. ``"invoice-run-8/INV-1"``.
-        effect: called with a :class:`Tx`; its return value must be JSON-serialisable.
-            Given a database, that ``Tx`` is unfenced (``tx.job`` is None), so a
-            fenced store refuses it: to fence the effect, pass a guard's ``tx``.
-        payload: what the operation is about; reusing ``key`` with a different
-            payload (compared as canonical JSON) is an error.
-
-    Returns:
-        The effect's result as JSON gives it back (a tuple comes back as a list),
-        the same value on the first call and on every repeat.
-
-    Raises:
-        KeyReused: same key, different payload. Nothing was written.
-        BadArgument, BadArgumentType: a bad key, effect, payload or ``db_or_tx``,
-            or an effect whose result is not JSON (its writes are undone).
-        Any exception from ``effect``: nothing was recorded.
-
-    Example:
-        >>> from labkit import connect
-        >>> db = connect()
-        >>> run_once(db, "k1", lambda tx: 42), run_once(db, "k1", lambda tx: 0)
-        (42, 42)
+    >>> from labkit import connect
+    >>> db = connect()
+    >>> run_once(db, "k1", lambda tx: 42), run_once(db, "k1", lambda tx: 0)
+    (42, 42)
     """
     key = check_name(key, "key")
     if not callable(effect):
         raise BadArgumentType("effect", f"must be callable, got {type(effect).__name__}")
     offered = canonical(payload, "payload")
-    if isinstance(db_or_tx, Tx):
-        if not db_or_tx.live:
-            raise BadArgument(
-                "db_or_tx", "this tx's transaction has ended; call run_once inside the with block"
-            )
-        return _in_savepoint(db_or_tx, key, effect, offered)
-    check_db(db_or_tx, "db_or_tx")
-    with unfenced(db_or_tx) as tx:  # no fence: tx.job is None, fenced stores refuse it
-        return _in_savepoint(tx, key, effect, offered)
-
-
-def _in_savepoint(tx: Tx, key: str, effect, offered: str) -> Any:
-    execute(tx.conn, "SAVEPOINT run_once")
+    if not isinstance(db_or_tx, Tx):
+        check_db(db_or_tx, "db_or_tx")
+        with unfenced(db_or_tx) as tx:  # no fence: tx.job is None, fenced stores refuse it
+            return run_once(tx, key, effect, payload=payload)
+    if not db_or_tx.live:
+        raise BadArgument("db_or_tx", "its transaction has ended; call run_once inside the block")
+    tx, conn = db_or_tx, db_or_tx.conn
+    execute(conn, "SAVEPOINT run_once")
     try:
-        won = rowcount(
-            tx.conn,
-            "INSERT INTO idempotency_keys(key, payload, result) "
-            "VALUES (?, ?, NULL) ON CONFLICT(key) DO NOTHING",
-            (key, offered),
-        )
-        if won == 1:
-            result_json = canonical(effect(tx), "effect")
-            execute(
-                tx.conn, "UPDATE idempotency_keys SET result = ? WHERE key = ?", (result_json, key)
-            )
-            result = json.loads(result_json)  # the same value a repeat will return
-        else:
-            stored, result_json = execute(
-                tx.conn, "SELECT payload, result FROM idempotency_keys WHERE key = ?", (key,)
-            )[0]
+        sql = "INSERT INTO idempotency_keys VALUES (?, ?, NULL) ON CONFLICT(key) DO NOTHING"
+        if rowcount(conn, sql, (key, offered)) == 1:  # the key is ours: run the effect
+            try:
+                result = effect(tx)
+            except BaseException as exc:
+                if broken := _broken(conn, key):
+                    raise broken from exc
+                raise
+            if broken := _broken(conn, key):
+                raise broken
+            result_json = canonical(result, "effect")
+            sql = "UPDATE idempotency_keys SET result = ? WHERE key = ?"
+            execute(conn, sql, (result_json, key))
+        else:  # seen before: return what was stored
+            sql = "SELECT payload, result FROM idempotency_keys WHERE key = ?"
+            [(stored, result_json)] = execute(conn, sql, (key,))
             if stored != offered:
                 raise KeyReused(key, stored, offered)
-            result = json.loads(result_json)
+            if result_json is None:
+                raise KeyNotRecorded(key, IN_PROGRESS)
     except BaseException:
         with contextlib.suppress(LabkitError):  # if this fails, the caller's ROLLBACK undoes all
-            execute(tx.conn, "ROLLBACK TO run_once")
-            execute(tx.conn, "RELEASE run_once")
+            execute(conn, "ROLLBACK TO run_once")
+            execute(conn, "RELEASE run_once")
         raise
-    execute(tx.conn, "RELEASE run_once")
-    return result
+    try:
+        execute(conn, "RELEASE run_once")
+    except LabkitError:  # the savepoint is gone: the effect ran COMMIT, then BEGIN
+        raise _abandon(conn, key) from None
+    return json.loads(result_json)  # the same value a repeat will return
+
+
+def _broken(conn, key: str) -> KeyNotRecorded | None:
+    """After the effect: None if run_once's transaction and key row are intact, else the error."""
+    if not in_transaction(conn):
+        return _abandon(conn, key)
+    sql = "SELECT 1 FROM idempotency_keys WHERE key = ? AND result IS NULL"
+    return None if execute(conn, sql, (key,)) else KeyNotRecorded(key, UNDONE)
+
+
+def _abandon(conn, key: str) -> KeyNotRecorded:
+    """The effect ended run_once's transaction: end the one it may have begun, drop the key."""
+    with contextlib.suppress(LabkitError):
+        if in_transaction(conn):
+            execute(conn, "ROLLBACK")
+        execute(conn, "DELETE FROM idempotency_keys WHERE key = ? AND result IS NULL", (key,))
+    return KeyNotRecorded(key, ENDED)

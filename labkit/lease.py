@@ -1,40 +1,27 @@
-"""Leases: time-limited permission to act, handed out by an authority.
-
-A lease lets a successor start when the holder goes quiet. It does not stop
-the old holder: expiry is not cancellation (that is the fence's job).
-
-Generations come from ``lease_counter``, a permanent row per name kept apart
-from the lease rows. Releasing, expiring or cleaning up lease rows never
-touches it, so every acquire gets a number above every number issued before.
+"""Leases: time-limited permission to act. Expiry lets a successor start; it does not stop the
+old holder (that is the fence's job). Generations come from ``lease_counter``, a permanent row
+per name that releasing or expiring leases never touches, so each one is above all before it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import math
+from dataclasses import dataclass
 
 from labkit.clock import Clock, check_clock, read_clock
 from labkit.db import check_db, check_name, execute, rowcount, transaction
-from labkit.errors import BadArgument, BadArgumentType, LeaseHeld, LeaseLost
-from labkit.errors import check_number, MAX_INT
+from labkit.errors import MAX_INT, BadArgument, BadArgumentType, LeaseHeld, LeaseLost
+from labkit.errors import check_number
 
 __all__ = ["Lease", "LeaseAuthority"]
 
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """A lease as the authority granted it.
+    """A lease as granted; its fields are checked by name when it is made.
 
-    Attributes:
-        name: what is leased, e.g. ``"invoice-run"``.
-        owner: who holds it.
-        generation: the fencing token issued with it; strictly increasing per name.
-        expires_at: the authority's time at which it expires (expired when ``now >= expires_at``).
-        ttl: the lease's length in seconds; a renewal extends by this much.
-
-    Constructing one checks its fields (``BadArgument``/``BadArgumentType`` naming
-    the field), so a hand-made lease with, say, ``generation=True`` never reaches SQL.
+    ``name`` is held by ``owner`` with the fencing token ``generation`` (strictly increasing
+    per name) until the authority's time ``expires_at``; a renewal adds ``ttl`` seconds.
     """
 
     name: str
@@ -48,26 +35,17 @@ class Lease:
         check_name(self.owner, "owner")
         check_number(self.generation, "generation", integer=True, high=MAX_INT)
         check_number(self.ttl, "ttl", positive=True)
-        if isinstance(self.expires_at, bool) or not isinstance(self.expires_at, (int, float)):
-            raise BadArgumentType(
-                "expires_at", f"must be a number, got {type(self.expires_at).__name__}"
-            )
-        if not math.isfinite(self.expires_at):
-            raise BadArgument("expires_at", f"must be finite, got {self.expires_at!r}")
+        check_number(self.expires_at, "expires_at", signed=True)
 
 
 class LeaseAuthority:
     """Grants, renews and releases leases, reading time from ``clock``.
 
-    Each operation is one ``BEGIN IMMEDIATE`` transaction whose outcome is the
-    row count of one conditional statement.
+    Each operation is one ``BEGIN IMMEDIATE`` decided by one conditional statement.
 
-    Example:
-        >>> from labkit import connect, VirtualClock
-        >>> clock = VirtualClock(); leases = LeaseAuthority(connect(), clock)
-        >>> a = leases.acquire("job", "A", ttl=10)
-        >>> (a.generation, a.expires_at)
-        (1, 10.0)
+    >>> from labkit import connect, VirtualClock
+    >>> LeaseAuthority(connect(), VirtualClock()).acquire("job", "A", ttl=10)
+    Lease(name='job', owner='A', generation=1, expires_at=10.0, ttl=10.0)
     """
 
     def __init__(self, db, clock: Clock) -> None:
@@ -75,26 +53,12 @@ class LeaseAuthority:
         self.db, self.clock = db, check_clock(clock)
 
     def try_acquire(self, name: str, owner: str, ttl: float) -> Lease | None:
-        """Acquire ``name`` for ``owner`` if no unexpired lease exists, else return None.
+        """Return a new :class:`Lease` with the next generation, or None while ``name`` is held.
 
-        Args:
-            name: what to lease. owner: who asks. ttl: seconds (> 0, finite).
-
-        Returns:
-            The new :class:`Lease` with the next generation, or ``None`` while any
-            unexpired lease on ``name`` exists (the caller's own included: use renew).
-
-        Raises:
-            BadArgument, BadArgumentType: for bad input (nothing written).
-            Busy: when the database stays locked past the busy timeout.
-
-        Example:
-            >>> from labkit import connect, VirtualClock
-            >>> leases = LeaseAuthority(connect(), VirtualClock())
-            >>> leases.try_acquire("job", "A", ttl=10).generation
-            1
-            >>> leases.try_acquire("job", "B", ttl=10) is None
-            True
+        >>> from labkit import connect, VirtualClock
+        >>> leases = LeaseAuthority(connect(), VirtualClock())
+        >>> leases.try_acquire("job", "A", 10).generation, leases.try_acquire("job", "B", 10)
+        (1, None)
         """
         name, owner = check_name(name, "name"), check_name(owner, "owner")
         ttl = check_number(ttl, "ttl", positive=True)
@@ -102,12 +66,8 @@ class LeaseAuthority:
             now = read_clock(self.clock)
             if not math.isfinite(now + ttl):
                 raise BadArgument("ttl", f"now + ttl must be finite, got {now} + {ttl}")
-            execute(
-                self.db,
-                "INSERT INTO lease_counter(name, generation) VALUES (?, 0) "
-                "ON CONFLICT(name) DO NOTHING",
-                (name,),
-            )
+            sql = "INSERT INTO lease_counter VALUES (?, 0) ON CONFLICT(name) DO NOTHING"
+            execute(self.db, sql, (name,))
             won = execute(
                 self.db,
                 """
@@ -120,48 +80,18 @@ class LeaseAuthority:
             if not won:
                 return None
             lease = Lease(name, owner, won[0][0], now + ttl, ttl)
-            execute(
-                self.db,
-                """
-                INSERT INTO leases(name, owner, generation, expires_at, ttl)
-                VALUES (:name, :owner, :generation, :expires_at, :ttl)
-                ON CONFLICT(name) DO UPDATE SET owner = excluded.owner,
-                    generation = excluded.generation, expires_at = excluded.expires_at,
-                    ttl = excluded.ttl""",
-                {
-                    "name": name,
-                    "owner": owner,
-                    "generation": lease.generation,
-                    "expires_at": lease.expires_at,
-                    "ttl": ttl,
-                },
-            )
+            sql = "INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?)"
+            execute(self.db, sql, (name, owner, lease.generation, lease.expires_at, ttl))
             return lease
 
     def acquire(self, name: str, owner: str, ttl: float) -> Lease:
-        """Acquire ``name`` for ``owner``, or raise :class:`~labkit.LeaseHeld` while it is held.
+        """Like :meth:`try_acquire`, but a held name raises LeaseHeld, even for its holder.
 
-        Like :meth:`try_acquire`, but a held name is an error carrying the holder,
-        its generation and its expiry. The holder itself gets LeaseHeld too: to
-        keep a lease, renew it.
-
-        Args:
-            name: what to lease. owner: who asks. ttl: seconds (> 0, finite).
-
-        Returns:
-            The new :class:`Lease`, with a generation above every earlier one for ``name``.
-
-        Raises:
-            LeaseHeld: an unexpired lease on ``name`` exists; nothing was written.
-            BadArgument, BadArgumentType, Busy: as for :meth:`try_acquire`.
-
-        Example:
-            >>> from labkit import connect, VirtualClock
-            >>> clock = VirtualClock(); leases = LeaseAuthority(connect(), clock)
-            >>> a = leases.acquire("job", "A", ttl=10)
-            >>> clock.advance(10); leases.acquire("job", "B", ttl=10).generation
-            10.0
-            2
+        >>> from labkit import connect, VirtualClock
+        >>> clock = VirtualClock(); leases = LeaseAuthority(connect(), clock)
+        >>> a, _ = leases.acquire("job", "A", ttl=10), clock.advance(10)
+        >>> leases.acquire("job", "B", ttl=10).generation
+        2
         """
         lease = self.try_acquire(name, owner, ttl)
         if lease is None:
@@ -172,26 +102,13 @@ class LeaseAuthority:
         return lease
 
     def renew(self, lease: Lease) -> Lease:
-        """Extend ``lease`` to ``now + lease.ttl`` if its owner and generation still hold it.
+        """Return ``lease`` extended to ``now + lease.ttl``, or raise LeaseLost if it is lost.
 
-        Args:
-            lease: the lease as last granted or renewed.
-
-        Returns:
-            A new :class:`Lease`: same generation, ``expires_at = now + lease.ttl``.
-
-        Raises:
-            LeaseLost: the lease expired, was released, or belongs to someone else now;
-                nothing was changed.
-            BadArgumentType: ``lease`` is not a Lease.
-
-        Example:
-            >>> from labkit import connect, VirtualClock
-            >>> clock = VirtualClock(); leases = LeaseAuthority(connect(), clock)
-            >>> a = leases.acquire("job", "A", ttl=10)
-            >>> clock.advance(7); leases.renew(a).expires_at
-            7.0
-            17.0
+        >>> from labkit import connect, VirtualClock
+        >>> clock = VirtualClock(); leases = LeaseAuthority(connect(), clock)
+        >>> a, _ = leases.acquire("job", "A", ttl=10), clock.advance(7)
+        >>> leases.renew(a).expires_at
+        17.0
         """
         lease = _check_lease(lease)
         with transaction(self.db):
@@ -202,62 +119,36 @@ class LeaseAuthority:
             changed = rowcount(
                 self.db,
                 """
-                UPDATE leases SET expires_at = :expires_at
-                WHERE name = :name AND owner = :owner AND generation = :generation
-                  AND expires_at > :now""",
-                {
-                    "expires_at": expires_at,
-                    "name": lease.name,
-                    "owner": lease.owner,
-                    "generation": lease.generation,
-                    "now": now,
-                },
+                UPDATE leases SET expires_at = ?
+                WHERE name = ? AND owner = ? AND generation = ? AND expires_at > ?""",
+                (expires_at, lease.name, lease.owner, lease.generation, now),
             )
         if changed != 1:
             raise LeaseLost(lease.name, lease.owner, lease.generation)
         return Lease(lease.name, lease.owner, lease.generation, expires_at, lease.ttl)
 
     def release(self, lease: Lease) -> None:
-        """Delete ``lease`` only if its owner and generation match the stored lease.
+        """Delete ``lease`` if owner and generation still match, else raise LeaseLost.
 
-        A late release from an old holder never deletes its successor's lease.
-
-        Args:
-            lease: the lease to give back.
-
-        Raises:
-            LeaseLost: nothing matched; nothing was changed.
-            BadArgumentType: ``lease`` is not a Lease.
-
-        Example:
-            >>> from labkit import connect, VirtualClock
-            >>> leases = LeaseAuthority(connect(), VirtualClock())
-            >>> leases.release(leases.acquire("job", "A", ttl=10))
-            >>> leases.current("job") is None
-            True
+        >>> from labkit import connect, VirtualClock
+        >>> leases = LeaseAuthority(connect(), VirtualClock())
+        >>> leases.release(leases.acquire("job", "A", ttl=10)), leases.current("job")
+        (None, None)
         """
         lease = _check_lease(lease)
         with transaction(self.db):
-            changed = rowcount(
-                self.db,
-                """
-                DELETE FROM leases
-                WHERE name = :name AND owner = :owner AND generation = :generation""",
-                {"name": lease.name, "owner": lease.owner, "generation": lease.generation},
-            )
+            sql = "DELETE FROM leases WHERE name = ? AND owner = ? AND generation = ?"
+            changed = rowcount(self.db, sql, (lease.name, lease.owner, lease.generation))
         if changed != 1:
             raise LeaseLost(lease.name, lease.owner, lease.generation)
 
     def current(self, name: str) -> Lease | None:
         """Return the unexpired lease on ``name``, or None. A read: it never blocks.
 
-        Example:
-            >>> from labkit import connect, VirtualClock
-            >>> leases = LeaseAuthority(connect(), VirtualClock())
-            >>> leases.current("job") is None
-            True
-            >>> leases.acquire("job", "A", ttl=10) == leases.current("job")
-            True
+        >>> from labkit import connect, VirtualClock
+        >>> leases = LeaseAuthority(connect(), VirtualClock())
+        >>> leases.acquire("job", "A", ttl=10) == leases.current("job")
+        True
         """
         name = check_name(name, "name")
         rows = execute(

@@ -136,7 +136,7 @@ def test_relay_sends_exactly_once_across_a_crash_between_send_and_mark(files, cl
     with Fence(db, "invoice-run").guard(8) as tx:
         outbox.add(tx, "invoice-run/report-email", "email", MAIL)
     [(key, _kind, payload, generation)] = outbox.pending()
-    outbox.send(key, payload, mail)                  # sent ... crash: never marked
+    mail.deliver(payload, idempotency_key=key)       # sent ... crash: never marked
     assert outbox.relay(mail) == ["invoice-run/report-email"]
     assert outbox.relay(mail) == []
     assert [(r["idempotency_key"], r["payload"]) for r in mail.records()] == [(key, MAIL)]
@@ -192,12 +192,12 @@ def test_reconcile_finds_unmarked_missing_and_unknown(files, clock):
     outbox.relay(mail)                                          # a, b, c sent and marked
     with Fence(db, "run").guard(8) as tx:
         outbox.add(tx, "d", "email", MAIL)
-    outbox.send("d", MAIL, mail)                                # d delivered, crash before mark
+    mail.deliver(MAIL, idempotency_key="d")                     # d delivered, crash before mark
     direct = mail.send(**MAIL)                                  # a stale worker, around the outbox
     execute(pdb, "DELETE FROM provider_keys WHERE key = 'b'")   # the provider lost b's record
     execute(pdb, "DELETE FROM provider_records WHERE idempotency_key = 'b'")
     report = outbox.reconcile(mail)
-    assert (report.confirmed, report.missing, report.unknown) == (("d",), ("b",), (direct.id,))
+    assert (report["confirmed"], report["missing"], report["unknown"]) == (("d",), ("b",), (direct.id,))
     assert outbox.pending() == []
 
 
@@ -222,9 +222,9 @@ def test_payment_outbox_and_reconciliation(files, clock):
     outbox = Outbox(db, clock)
     with Fence(db, "run").guard(8) as tx:
         outbox.add(tx, "run/charge/acct-1", "charge", {"account": "acct-1", "amount": 12000})
-    outbox.send("run/charge/acct-1", {"account": "acct-1", "amount": 12000}, pay)   # crash before mark
+    pay.deliver({"account": "acct-1", "amount": 12000}, idempotency_key="run/charge/acct-1")  # crash before mark
     report = outbox.reconcile(pay)
-    assert (report.confirmed, outbox.relay(pay), len(pay.records())) == (("run/charge/acct-1",), [], 1)
+    assert (report["confirmed"], outbox.relay(pay), len(pay.records())) == (("run/charge/acct-1",), [], 1)
 
 
 def test_etag_rejects_a_stale_version(files):

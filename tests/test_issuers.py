@@ -4,7 +4,7 @@ import pytest
 
 from labkit import BadArgument, BadArgumentType, Fence, LeaseAuthority, StaleGeneration
 from labkit.db import execute
-from labkit.mechanisms.issuers import (DurableCounter, EpochAuthority, EpochIssuer, ReplicatedIssuer, backup,
+from labkit.mechanisms.issuers import (EpochAuthority, EpochIssuer, ReplicatedIssuer, backup,
                             bump_is_safe, cleanup_expired, naive_cleanup, restore)
 
 
@@ -18,16 +18,6 @@ def fenced_write(db, generation):
         return "ok"
     except StaleGeneration:
         return "rejected"
-
-
-def test_durable_counter_is_the_lease_authoritys_counter(files, clock):
-    """DurableCounter and LeaseAuthority share one permanent row: numbers from both interleave without repeats."""
-    db = files("authority")
-    counter, leases = DurableCounter(db, "invoice-run"), LeaseAuthority(db, clock)
-    assert counter.next() == 1
-    assert leases.acquire("invoice-run", "A", ttl=10).generation == 2
-    assert (counter.next(), counter.current()) == (3, 3)
-    assert execute(db, "SELECT name, generation FROM lease_counter") == [("invoice-run", 3)]
 
 
 def test_cleanup_expired_keeps_the_generation(files, clock):
@@ -69,14 +59,14 @@ def test_naive_cleanup_leaves_a_live_lease_and_its_counter_alone(files, clock):
 def test_restoring_a_backup_moves_a_durable_counter_backward(files, clock, tmp_path):
     """A real SQLite backup taken at 6, restored after 7 and 8 were issued: the next number is 7 again."""
     db, other = files("authority"), files("authority")
-    counter = DurableCounter(db, "invoice-run")
+    counter = EpochIssuer(db, "invoice-run")
     for _ in range(6):
-        counter.next()
+        counter.issue()
     backup(db, str(tmp_path / "nightly.db"))
-    assert (counter.next(), counter.next()) == (7, 8)
+    assert (counter.issue(), counter.issue()) == (7, 8)
     restore(db, str(tmp_path / "nightly.db"))
-    assert DurableCounter(other, "invoice-run").current() == 6   # every connection sees the restore
-    assert counter.next() == 7
+    assert EpochIssuer(other, "invoice-run").current() == 6   # every connection sees the restore
+    assert counter.issue() == 7
 
 
 def test_replicated_issuer_without_lag_keeps_order_across_failover(files, clock):
@@ -145,20 +135,20 @@ def test_start_epoch_refuses_an_authority_that_is_not_ahead(files):
 def test_adding_a_constant_is_safe_only_above_every_number_ever_issued(files, clock, tmp_path):
     """Restore at 6 after 9 was issued: +2 gives 9 again (accepted beside the old 9); +1000 is above it."""
     db, resource = files("authority"), files("resource")
-    counter = DurableCounter(db, "invoice-run")
+    counter = EpochIssuer(db, "invoice-run")
     for _ in range(6):
-        counter.next()
+        counter.issue()
     backup(db, str(tmp_path / "nightly.db"))
-    old = [counter.next() for _ in range(3)]
+    old = [counter.issue() for _ in range(3)]
     assert fenced_write(resource, old[-1]) == "ok"
     restore(db, str(tmp_path / "nightly.db"))
     counter.bump(2)
-    reused = counter.next()
+    reused = counter.issue()
     assert (reused, bump_is_safe(6, 2, max(old))) == (9, False)
     assert [fenced_write(resource, reused), fenced_write(resource, old[-1])] == ["ok", "ok"]  # two holders of 9
     restore(db, str(tmp_path / "nightly.db"))
     counter.bump(1000)
-    assert (counter.next(), bump_is_safe(6, 1000, max(old))) == (1007, True)
+    assert (counter.issue(), bump_is_safe(6, 1000, max(old))) == (1007, True)
 
 
 def test_bump_is_safe_compares_tokens_with_epochs():
@@ -173,8 +163,8 @@ def test_bump_is_safe_compares_tokens_with_epochs():
     (lambda f, c: ReplicatedIssuer(f("p"), f("r"), c, "x", lag=-1), "lag"),
     (lambda f, c: ReplicatedIssuer(f("p"), f("r"), c, "", lag=1), "name"),
     (lambda f, c: ReplicatedIssuer(f("p"), f("r"), object(), "x", lag=1), "clock"),
-    (lambda f, c: DurableCounter(f("p"), "x").bump(-1), "constant"),
-    (lambda f, c: DurableCounter(f("p"), "x").bump(True), "constant"),
+    (lambda f, c: EpochIssuer(f("p"), "x").bump(-1), "constant"),
+    (lambda f, c: EpochIssuer(f("p"), "x").bump(True), "constant"),
     (lambda f, c: EpochIssuer(f("p"), "x").start_epoch("durable"), "authority"),
     (lambda f, c: EpochAuthority(f("p")).next_epoch(""), "name"),
     (lambda f, c: bump_is_safe(6, 1.5, 8), "constant"),

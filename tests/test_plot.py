@@ -136,3 +136,12 @@ def test_replay_honours_live_seconds_and_ends_like_an_unpaced_run(monkeypatch):
     monkeypatch.setenv("LABKIT_LIVE_SECONDS", "0.3")
     result = replay(lock_wait, protected=False)
     assert result.history == lock_wait(protected=False).history
+
+
+@pytest.mark.parametrize("module", ["views.plot", "views.widgets"])
+def test_docstring_examples_hold(module):
+    """Every example in the views' docstrings runs and shows what it says."""
+    import doctest
+    import importlib
+    result = doctest.testmod(importlib.import_module(f"labkit.{module}"))
+    assert result.attempted > 0 and result.failed == 0

@@ -1,6 +1,8 @@
 """The scenario engine: virtual time on simpy, real SQLite locks, planned faults."""
 
 import os
+import pathlib
+import tempfile
 
 import pytest
 import simpy
@@ -235,3 +237,26 @@ def test_a_knob_too_large_for_a_float_is_a_named_error():
     from labkit.scenarios import expired_but_alive
     with pytest.raises(BadArgument, match="pause"):
         expired_but_alive(pause=10 ** 400)
+
+
+def test_folders_of_a_killed_process_are_removed_by_the_next_one(tmp_path):
+    """A SIGKILLed process cannot clean up; the next process that makes templates removes its folders."""
+    import signal
+    import subprocess
+    import sys
+
+    from labkit.sim import files
+
+    code = "from labkit.scenarios import expired_but_alive; expired_but_alive(); print(flush=True); input()"
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        child.stdout.readline()  # it has run a simulation, so it has made its templates
+        root = pathlib.Path(files._root() or tempfile.gettempdir())
+        left = list(root.glob(f"labkit-sim-*{child.pid}-*"))
+        assert left
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert all(folder.exists() for folder in left)  # SIGKILL ran no clean-up
+    files._sweep()
+    assert not any(folder.exists() for folder in left)

@@ -1,27 +1,13 @@
 """Grading checks: run a student's answer under many schedules and say exactly what broke.
 
-A check cell in an exercise notebook looks like this::
-
-    # NBVAL_CHECK_OUTPUT
-    import importlib, labkit.grading
-    importlib.reload(labkit.grading).check("02.1", fenced_insert)
-
-Reloading re-executes this module and the check modules, so an answer cell
-that rebinds or monkeypatches ``labkit.grading`` counts for nothing. On success
-the check prints one fixed line (nbval compares it with the stored one); on
-failure it raises :class:`CheckFailed` naming the property, the schedule's seed
-and a one-line call that replays it as a timeline.
-
-Writing a task (in the lesson's check module, ``labkit/grading/checksNN.py``, with the
-shared laboratory of :mod:`labkit.grading.lab`)::
-
-    @task("02.1", "the fenced insert", schedules(HOSTILE, count=20, make=random_knobs))
-    def fenced_insert(answer, schedule, history):
-        ...                       # run answer under schedule, append Events to history
-        expect(rows == [], "a rejected write leaves no rows", f"found {rows}")
-
-Each schedule is a :class:`Schedule` (seed + knobs): the hostile ones the lesson
-names, then seeded random ones from :func:`schedules`.
+A check cell runs ``importlib.reload(labkit.grading).check("02.1", fenced_insert)``.
+Reloading re-executes this module and the check modules, so an answer cell that
+rebinds or monkeypatches ``labkit.grading`` counts for nothing. On success the
+check prints one fixed line (nbval compares it with the stored one); on failure
+it raises :class:`CheckFailed` naming the property, the schedule's seed and a
+one-line call that replays it as a timeline. Tasks are registered with
+:func:`task` in ``labkit/grading/checksNN.py``, on the laboratory of
+:mod:`labkit.grading.lab`.
 """
 
 from __future__ import annotations
@@ -34,24 +20,12 @@ from typing import Any, Callable, Iterable
 
 from labkit.errors import BadArgument, LabkitError
 
-__all__ = [
-    "check",
-    "replay",
-    "task",
-    "expect",
-    "schedules",
-    "Schedule",
-    "Broken",
-    "CheckFailed",
-    "TASKS",
-    "PASS",
-    "CHECK_MODULES",
-]
+__all__ = ["check", "replay", "task", "expect", "schedules", "hostile"]
+__all__ += ["Schedule", "Broken", "CheckFailed", "TASKS", "PASS", "CHECK_MODULES"]
 
 PASS = "PASS {task}: {title} held under every schedule"
 
-#: The modules that register tasks, and the helpers they share (first, so that
-#: the lesson modules pick up the reloaded helpers). Reloading this module
+#: The modules that register tasks, the shared helpers first; reloading this module
 #: reloads them all, in this order.
 CHECK_MODULES = (
     "labkit.grading.lab",
@@ -65,7 +39,7 @@ class Schedule:
     """One way the world can go during a trial.
 
     Attributes:
-        seed: seeds the trial's ``random.Random``.
+        seed: seeds the trial's ``random.Random`` (:attr:`rng`, fresh on every read).
         knobs: named timings or choices, e.g. ``{"pause": 30, "ttl": 10}``.
         name: a short label for hostile schedules, e.g. ``"A pauses inside the transaction"``.
     """
@@ -76,20 +50,24 @@ class Schedule:
 
     @property
     def rng(self) -> Random:
-        """A fresh ``random.Random`` seeded with ``seed``."""
         return Random(self.seed)
+
+
+def hostile(columns: str, *rows: tuple) -> list[dict]:
+    """Hostile schedules as a table: each row is a name, then the knobs named in ``columns``.
+
+    A shorter row leaves out the last knobs.
+    """
+    keys = ["name", *columns.split()]
+    return [dict(zip(keys, row)) for row in rows]
 
 
 def schedules(
     hostile: Iterable[dict], *, count: int, make: Callable[[Random], dict], base: int = 1000
 ) -> list[Schedule]:
-    """Return the hostile schedules (dicts with ``name`` and knobs) then ``count`` random ones.
+    """The hostile schedules (dicts of a ``name`` and knobs), then ``count`` random ones.
 
-    Args:
-        hostile: e.g. ``[{"name": "A pauses 30 s", "pause": 30}]``.
-        count: how many seeded random schedules follow.
-        make: builds random knobs from a seeded rng.
-        base: the first random seed.
+    The random ones have seeds ``base``, ``base + 1``, ... and knobs ``make(Random(seed))``.
     """
     out = [
         Schedule(i, {k: v for k, v in h.items() if k != "name"}, h.get("name", f"hostile {i}"))
@@ -116,11 +94,8 @@ def expect(condition: bool, prop: str, detail: str = "") -> None:
 class CheckFailed(LabkitError, AssertionError):
     """A student's answer broke a property under one schedule.
 
-    Attributes:
-        task: the task id, e.g. ``"02.1"``.
-        prop: the property that broke, in words.
-        schedule: the :class:`Schedule` that broke it.
-        detail: what was observed.
+    Attributes: ``task`` (the id, e.g. ``"02.1"``), ``prop`` (the property, in words),
+    ``schedule`` (the :class:`Schedule` that broke it), ``detail`` (what was observed).
     """
 
     def __init__(
@@ -147,11 +122,20 @@ class Task:
 TASKS: dict[str, Task] = {}
 
 
-def task(task_id: str, title: str, runs: Iterable[Schedule]):
-    """Register ``trial(answer, schedule, history)`` as the check for ``task_id``."""
+def _random_story(rng: Random) -> dict:
+    return {"story": "random"}
+
+
+def task(task_id: str, title: str, hostile: Iterable[dict], *, count: int = 0, make=_random_story):
+    """Register ``trial(answer, schedule, history)`` as the check for ``task_id``.
+
+    It runs under the ``hostile`` schedules, then ``count`` random ones whose knobs
+    ``make(rng)`` draws (by default ``{"story": "random"}``); see :func:`schedules`.
+    """
+    runs = tuple(schedules(hostile, count=count, make=make))
 
     def register(trial):
-        TASKS[task_id] = Task(task_id, title, trial, tuple(runs))
+        TASKS[task_id] = Task(task_id, title, trial, runs)
         return trial
 
     return register
@@ -165,9 +149,8 @@ def _run(t: Task, answer, schedule: Schedule, history: list) -> None:
     except NotImplementedError:
         raise Broken("the answer is written", "it still raises NotImplementedError") from None
     except Exception as exc:  # the answer crashed: that is a failed property too
-        raise Broken(
-            "the answer runs without an unexpected error", f"{type(exc).__name__}: {exc}"
-        ) from None
+        detail = f"{type(exc).__name__}: {exc}"
+        raise Broken("the answer runs without an unexpected error", detail) from None
 
 
 def _task(task_id: str) -> Task:
@@ -177,11 +160,9 @@ def _task(task_id: str) -> Task:
 
 
 def check(task_id: str, answer: Any) -> None:
-    """Run ``answer`` through every schedule of ``task_id``; print the pass line or raise.
+    """Run ``answer`` through every schedule of ``task_id``; print the pass line.
 
-    Raises:
-        CheckFailed: with the property, the seed and a replay call.
-        BadArgument: no task ``task_id``.
+    Raises :class:`CheckFailed` (the property, the seed, a replay call) or BadArgument (no such task).
     """
     t = _task(task_id)
     name = getattr(answer, "__name__", "answer")
@@ -194,46 +175,31 @@ def check(task_id: str, answer: Any) -> None:
 
 
 def replay(task_id: str, answer: Any, *, seed: int, ax=None):
-    """Re-run one schedule of ``task_id`` and draw what happened as a timeline.
-
-    Returns:
-        The matplotlib axes of the timeline.
-    """
-    from labkit.views.plot import timeline
+    """Re-run the schedule ``seed`` of ``task_id``; return the matplotlib axes of its timeline."""
     from labkit.sim.engine import Result
+    from labkit.sim.history import check as find
+    from labkit.views.plot import timeline
 
     t = _task(task_id)
-    schedule = next((s for s in t.schedules if s.seed == seed), None)
-    if schedule is None:
-        raise BadArgument(
-            "seed",
-            f"task {task_id} has no schedule with seed {seed!r}; "
-            f"its seeds are {[s.seed for s in t.schedules]}",
-        )
-    history: list = []
+    seeds = [s.seed for s in t.schedules]
+    if seed not in seeds:
+        why = f"task {task_id} has no schedule with seed {seed!r}; its seeds are {seeds}"
+        raise BadArgument("seed", why)
+    schedule, history = t.schedules[seeds.index(seed)], []
     try:
         _run(t, answer, schedule, history)
         verdict = f"task {task_id}: every property held (seed {seed})"
     except Broken as b:
         verdict = f"task {task_id}: {b.prop} broke (seed {seed})"
-    from labkit.sim.history import check as find
-
+    params, found = dict(schedule.knobs, seed=seed), tuple(find(history))
     result = Result(
-        params=dict(schedule.knobs, seed=seed),
-        history=tuple(history),
-        tables={},
-        violations=tuple(find(history)),
-        verdict=verdict,
+        params=params, history=tuple(history), tables={}, violations=found, verdict=verdict
     )
     return timeline(result, ax=ax)
 
 
 def _load_checks() -> None:
-    """(Re)load every check module, so their tasks register against this module's TASKS.
-
-    A reload re-executes a module in place: every name an answer cell patched
-    (``expect``, a helper, a trial) is bound afresh from the source.
-    """
+    """(Re)load every check module, so that every name an answer cell patched is bound afresh."""
     for name in CHECK_MODULES:
         module = sys.modules.get(name)
         if module is None:

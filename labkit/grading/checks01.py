@@ -1,10 +1,8 @@
 """Grading checks of exercise 01 (registered in :mod:`labkit.grading`).
 
-* 01.1 finding the lost updates: the answer reads a recorded history (built
-  by the schedule, so the lost writes are known by construction) and must
-  return exactly the committed writes that a lower generation overwrote.
-* 01.2 predicting the overwrite: the answer's prediction for ``(pause, ttl)``
-  is compared with a real unprotected run of
+* 01.1 finding the lost updates in a recorded history (the lost writes are known
+  by construction).
+* 01.2 predicting the overwrite: compared with a real unprotected run of
   :func:`labkit.scenarios.expired_but_alive`, boundaries included.
 """
 
@@ -12,7 +10,7 @@ from __future__ import annotations
 
 from random import Random
 
-from labkit.grading import Schedule, expect, schedules, task
+from labkit.grading import Schedule, expect, hostile, task
 from labkit.sim.history import Event
 
 
@@ -38,12 +36,12 @@ def _story(rng: Random, story: str) -> tuple[list, list]:
             ev(worker, "write", outcome, gen, target)
         ev(worker, "release", "ok", gen, "invoice-run")
 
-    if story in ("source", "fenced"):
+    if story in ("lesson", "fenced"):
         ev("A", "acquire", "ok", 7, "invoice-run", clock[0] + 10)
         ev("A", "pause", until=clock[0] + 30)
         run("B", 8, ["INV-1", "INV-2"])
         ev("A", "resume")
-        ev("A", "write", "ok" if story == "source" else "rejected", 7, "INV-1")
+        ev("A", "write", "ok" if story == "lesson" else "rejected", 7, "INV-1")
     elif story == "several":
         run("B", 8, ["INV-1", "INV-2", "INV-3"])
         ev("A", "write", "ok", 7, "INV-1")  # B's INV-1 is lost
@@ -64,39 +62,25 @@ def _story(rng: Random, story: str) -> tuple[list, list]:
         targets = [f"INV-{i}" for i in rng.sample(range(1, 30), rng.randint(1, 4))]
         for _ in range(rng.randint(4, 30)):
             w = rng.choice(names)
-            roll = rng.random()
-            if roll < 0.2:
-                ev(
-                    w,
-                    rng.choice(["acquire", "pause", "resume", "wait", "release"]),
-                    "ok",
-                    gens[w],
-                    "invoice-run",
-                )
+            if rng.random() < 0.2:
+                action = rng.choice(["acquire", "pause", "resume", "wait", "release"])
+                ev(w, action, "ok", gens[w], "invoice-run")
             else:
-                ev(
-                    w,
-                    "write",
-                    rng.choice(["ok"] * 6 + ["rejected", "crashed"]),
-                    gens[w],
-                    rng.choice(targets),
-                )
+                outcome = rng.choice(["ok"] * 6 + ["rejected", "crashed"])
+                ev(w, "write", outcome, gens[w], rng.choice(targets))
     return events, lost
 
 
-LOST_HOSTILE = [
-    {"name": "the source's story: A's 7 lands on B's 8", "story": "source"},
-    {"name": "the same story behind a fence: A's write is rejected", "story": "fenced"},
-    {"name": "three workers, three lost writes, and writes that look alike", "story": "several"},
-    {"name": "a clean history with rejected and crashed writes", "story": "clean"},
-]
-
-
-@task(
-    "01.1",
-    "finding the lost updates",
-    schedules(LOST_HOSTILE, count=40, make=lambda r: {"story": "random"}),
+LOST_HOSTILE = hostile(
+    "story",
+    ("the lesson's story: A's 7 lands on B's 8", "lesson"),
+    ("the same story behind a fence: A's write is rejected", "fenced"),
+    ("three workers, three lost writes, and writes that look alike", "several"),
+    ("a clean history with rejected and crashed writes", "clean"),
 )
+
+
+@task("01.1", "finding the lost updates", LOST_HOSTILE, count=40)
 def lost_updates_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 01.1: ``answer(history) -> the committed writes whose work was lost``."""
     events, lost = _story(schedule.rng, schedule.knobs["story"])
@@ -114,14 +98,12 @@ def lost_updates_check(answer, schedule: Schedule, history: list) -> None:
     )
     want = [i for i, e in enumerate(events) if e in lost]
     have = sorted({events.index(e) for e in got})
-    show = lambda ids: (
-        ", ".join(
-            f"{events[i].worker}'s {events[i].target} (gen {events[i].generation}, "
-            f"t={events[i].time:g})"
-            for i in ids
-        )
-        or "none"
-    )
+
+    def show(ids) -> str:
+        picked = [events[i] for i in ids]
+        told = [f"{e.worker}'s {e.target} (gen {e.generation}, t={e.time:g})" for e in picked]
+        return ", ".join(told) or "none"
+
     expect(
         have == want,
         "the lost writes are exactly the committed writes whose next committed write to the "
@@ -141,24 +123,21 @@ def _overwrite_knobs(rng: Random) -> dict:
     return {"pause": max(0.0, ttl + offset), "ttl": ttl}
 
 
-OVERWRITE_HOSTILE = [
-    {"name": "the source's numbers: pause 30 s, lease 10 s", "pause": 30.0, "ttl": 10.0},
-    {"name": "a one-minute lease, same pause", "pause": 30.0, "ttl": 60.0},
-    {"name": "a one-minute lease, a longer pause", "pause": 90.0, "ttl": 60.0},
-    {"name": "A wakes up exactly when its lease expires", "pause": 10.0, "ttl": 10.0},
-    {"name": "A wakes up just after B acquired, before B writes", "pause": 11.0, "ttl": 10.0},
-    {"name": "A wakes up at the very instant B writes INV-1", "pause": 11.5, "ttl": 10.0},
-    {"name": "A wakes up a quarter second after B wrote INV-1", "pause": 11.75, "ttl": 10.0},
-    {"name": "a tiny lease and a short pause", "pause": 2.5, "ttl": 0.5},
-    {"name": "no pause at all", "pause": 0.0, "ttl": 10.0},
-]
-
-
-@task(
-    "01.2",
-    "predicting the overwrite",
-    schedules(OVERWRITE_HOSTILE, count=24, make=_overwrite_knobs),
+OVERWRITE_HOSTILE = hostile(
+    "pause ttl",
+    ("the lesson's numbers: pause 30 s, lease 10 s", 30.0, 10.0),
+    ("a one-minute lease, same pause", 30.0, 60.0),
+    ("a one-minute lease, a longer pause", 90.0, 60.0),
+    ("A wakes up exactly when its lease expires", 10.0, 10.0),
+    ("A wakes up just after B acquired, before B writes", 11.0, 10.0),
+    ("A wakes up at the very instant B writes INV-1", 11.5, 10.0),
+    ("A wakes up a quarter second after B wrote INV-1", 11.75, 10.0),
+    ("a tiny lease and a short pause", 2.5, 0.5),
+    ("no pause at all", 0.0, 10.0),
 )
+
+
+@task("01.2", "predicting the overwrite", OVERWRITE_HOSTILE, count=24, make=_overwrite_knobs)
 def overwrite_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 01.2: ``answer(pause, ttl) -> bool``, compared with a real unprotected run."""
     from labkit.scenarios import expired_but_alive

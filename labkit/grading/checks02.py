@@ -1,11 +1,9 @@
 """Grading checks of exercise 02 (registered in :mod:`labkit.grading`).
 
 * 02.1 the fenced insert: run by :func:`labkit.grading.writers.fenced_trial`.
-* 02.2 one charge per operation key: every call is judged against the rows
-  it left (the fence decides first, then the key), and the runner's repeat
-  arrives on a second connection just before the first attempt's n-th SQL
-  statement (a :class:`~labkit.grading.lab.Tracer`), so a check-then-insert
-  really charges twice.
+* 02.2 one charge per operation key: every call is judged against the rows it
+  left (the fence decides first, then the key); the runner's repeat arrives on a
+  second connection just before the first attempt's n-th SQL statement.
 """
 
 from __future__ import annotations
@@ -15,15 +13,11 @@ from random import Random
 from labkit.grading.lab import busy, call, shown
 from labkit.grading.writers import FENCED_HOSTILE, JOB, OTHER, fenced_trial, generation_of, lab
 from labkit.db import execute
-from labkit.grading import Schedule, expect, schedules, task
+from labkit.grading import Schedule, expect, hostile, task
 from labkit.sim.history import Event
 
 
-@task(
-    "02.1",
-    "the fenced insert",
-    schedules(FENCED_HOSTILE, count=16, make=lambda r: {"story": "random"}),
-)
+@task("02.1", "the fenced insert", FENCED_HOSTILE, count=16)
 def fenced_insert_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 02.1: ``answer(conn, job, invoice_id, amount, generation) -> bool``."""
     fenced_trial(answer, schedule, history, batch=False)
@@ -33,54 +27,32 @@ def fenced_insert_check(answer, schedule: Schedule, history: list) -> None:
 
 
 def _charges(db):
-    return (
-        tuple(execute(db, "SELECT job_id, generation FROM job_fence ORDER BY job_id")),
-        tuple(
-            execute(
-                db, "SELECT id, job_id, invoice_id, amount, generation FROM charges ORDER BY id"
-            )
-        ),
-    )
+    fences = execute(db, "SELECT job_id, generation FROM job_fence ORDER BY job_id")
+    rows = execute(db, "SELECT id, job_id, invoice_id, amount, generation FROM charges ORDER BY id")
+    return tuple(fences), tuple(rows)
 
 
 class _Charger:
     """Runs a charge_once answer; ``done`` maps each committed key to its charge's id."""
 
     def __init__(self, answer, db, conns, history: list) -> None:
-        self.answer, self.db, self.conns, self.history, self.done, self.t = (
-            answer,
-            db,
-            conns,
-            history,
-            {},
-            0.0,
-        )
+        self.answer, self.db, self.conns, self.history = answer, db, conns, history
+        self.done, self.t = {}, 0.0
 
     def call(self, who: str, req: tuple):
         return call(self.answer, self.conns[who][0], *req)
 
     def log(self, who, req, outcome, action: str = "charge", until=None) -> None:
         self.t += 1.0
-        self.history.append(
-            Event(
-                self.t,
-                who,
-                action,
-                outcome,
-                req and req[4],
-                key=req and req[1],
-                target=req and req[2],
-                until=until,
-            )
-        )
+        gen, key, invoice = (req[4], req[1], req[2]) if req else (None, None, None)
+        event = Event(self.t, who, action, outcome, gen, key=key, target=invoice, until=until)
+        self.history.append(event)
 
     def raised(self, who: str, before, after) -> None:
         """Log the fence of JOB if it moved."""
         old, new = dict(before[0]).get(JOB), dict(after[0]).get(JOB)
-        if old != new:
-            self.history.append(
-                Event(self.t + 1.0, who, "raise", "ok", new, target=JOB)
-            )  # with the charge logged next
+        if old != new:  # logged with the charge that comes next
+            self.history.append(Event(self.t + 1.0, who, "raise", "ok", new, target=JOB))
 
     def step(self, who: str, req: tuple, before, out, after, crashed: bool = False):
         """Judge one call that went from ``before`` to ``after``; ``out=None``: not returned yet."""
@@ -204,36 +176,22 @@ def _key(rng: Random, n: int) -> str:
     return f"bill/INV-{n}/{rng.randrange(16**6):06x}"
 
 
-ONCE_HOSTILE = [
-    {"name": "the runner repeats a charge twice (same key, generation 8)", "story": "repeat"},
-    {"name": "a stale charge is refused and leaves its key free for the owner", "story": "stale"},
-    {"name": "a crash inside the transaction, then the retry", "story": "crash"},
-    *(
-        {
-            "name": f"the repeat arrives just before the first attempt's statement {n}",
-            "story": "race",
-            "at": n,
-        }
-        for n in range(1, 7)
-    ),
-    {"name": "B (8) takes over and repeats A's finished charge", "story": "successor"},
-]
-
-
-@task(
-    "02.2",
-    "the charge that happens once per key",
-    schedules(ONCE_HOSTILE, count=14, make=lambda r: {"story": "random"}),
+_RACE = "the repeat arrives just before the first attempt's statement {}"
+ONCE_HOSTILE = hostile(
+    "story at",
+    ("the runner repeats a charge twice (same key, generation 8)", "repeat"),
+    ("a stale charge is refused and leaves its key free for the owner", "stale"),
+    ("a crash inside the transaction, then the retry", "crash"),
+    *((_RACE.format(n), "race", n) for n in range(1, 7)),
+    ("B (8) takes over and repeats A's finished charge", "successor"),
 )
+
+
+@task("02.2", "the charge that happens once per key", ONCE_HOSTILE, count=14)
 def charge_once_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 02.2: ``answer(conn, job, key, invoice_id, amount, generation) -> charge id | None``."""
     rng, story = schedule.rng, schedule.knobs["story"]
-    with lab("A", "B") as (db, conns):
-        start = {JOB: 7 if story != "random" else rng.randint(1, 40), OTHER: rng.randint(1, 60)}
-        for job, g in start.items():
-            execute(
-                db, "INSERT INTO job_fence(job_id, epoch, generation) VALUES (?, 0, ?)", (job, g)
-            )
+    with lab(rng, story) as (db, conns, _):
         c, n = _Charger(answer, db, conns, history), [0]
 
         def req(gen, job=JOB):
@@ -268,10 +226,11 @@ def charge_once_check(answer, schedule: Schedule, history: list) -> None:
                 cur, roll = generation_of(db, job), rng.random()
                 if made and roll < 0.35:
                     old = rng.choice(made)
-                    c.solo(
+                    who, gen = (
                         rng.choice("AB"),
-                        old[:4] + (max(generation_of(db, old[0]) + rng.choice([-1, 0, 0, 1]), 0),),
+                        generation_of(db, old[0]) + rng.choice([-1, 0, 0, 1]),
                     )
+                    c.solo(who, old[:4] + (max(gen, 0),))
                 elif roll < 0.55:
                     made.append(req(cur, job))
                     c.race(made[-1], rng.randint(1, 7))

@@ -8,14 +8,10 @@
 from __future__ import annotations
 
 from labkit.grading.writers import FENCED_HOSTILE, fenced_trial
-from labkit.grading import Schedule, expect, schedules, task
+from labkit.grading import Schedule, expect, task
 
 
-@task(
-    "03.1",
-    "the race-free batch writer",
-    schedules(FENCED_HOSTILE, count=16, make=lambda r: {"story": "random"}),
-)
+@task("03.1", "the race-free batch writer", FENCED_HOSTILE, count=16)
 def batch_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 03.1: ``answer(conn, job, generation, invoices) -> bool``, all invoices or none."""
     fenced_trial(answer, schedule, history, batch=True)
@@ -32,7 +28,7 @@ _HINTS = {
 }
 
 
-@task("03.2", "the two-database quiz", schedules([{"name": "the answer key"}], count=0, make=dict))
+@task("03.2", "the two-database quiz", [{"name": "the answer key"}])
 def quiz_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 03.2: ``answer() -> {"q1": "a".."d", ...}``."""
     got = answer()

@@ -1,15 +1,8 @@
 """Grading checks of exercise 04 (registered in :mod:`labkit.grading`).
 
-* 04.1 the issuer that never goes backward: tokens are issued from a store
-  that fails over to lagging replicas (copies of earlier snapshots) and is
-  restored from old backups; every token must be above every earlier one.
-* 04.2 the cleanup that keeps every generation: the answer deletes expired
-  lease rows (``now >= expires_at``) among leases that expire exactly at now,
-  a quarter second after it, or long ago, while a holder renews or acquires
-  again on a second connection just before the cleanup's n-th SQL statement
-  (:func:`~labkit.grading.lab.between_statements`). Then every name is
-  acquired again through :class:`~labkit.LeaseAuthority`: each new generation
-  must be above every generation ever issued for it.
+* 04.1 the issuer that never goes backward, across failovers and restored backups.
+* 04.2 the cleanup that keeps every generation, while a holder renews or acquires
+  again between the cleanup's statements.
 """
 
 from __future__ import annotations
@@ -17,9 +10,9 @@ from __future__ import annotations
 from random import Random
 import shutil
 
-from labkit.grading.lab import between_statements, call, scratch, shown
+from labkit.grading.lab import between_statements, call, lease_event, scratch, shown
 from labkit.db import execute
-from labkit.grading import Schedule, expect, schedules, task
+from labkit.grading import Schedule, expect, hostile, task
 from labkit.sim.history import Event
 
 
@@ -29,38 +22,35 @@ from labkit.sim.history import Event
 def _issue_knobs(rng: Random) -> dict:
     ops = []
     for _ in range(rng.randint(2, 5)):
-        ops += ["issue"] * rng.randint(1, 4) + [
-            rng.choice(["failover", "failover", "restore", "elsewhere"])
-        ]
+        ops += ["issue"] * rng.randint(1, 4)
+        ops.append(rng.choice(["failover", "failover", "restore", "elsewhere"]))
     return {"ops": " ".join(ops + ["issue", "issue"])}
 
 
-ISSUE_HOSTILE = [
-    {
-        "name": "a failover loses the last 3 tokens in flight",
-        "ops": "issue issue issue issue issue failover:3 issue issue issue",
-    },
-    {
-        "name": "last night's backup is restored after a million more tokens were issued",
-        "ops": "issue issue elsewhere issue restore:1 issue issue",
-    },
-    {
-        "name": "two recoveries: the second restores a backup from before the first",
-        "ops": "issue issue issue failover:2 issue issue restore:1 issue issue",
-    },
-    {"name": "a failover that lost nothing (no lag)", "ops": "issue issue failover:0 issue"},
-    {
-        "name": "no recovery at all: the durable authority is not needed",
-        "ops": "issue issue issue issue issue",
-    },
-]
-
-
-@task(
-    "04.1",
-    "the issuer that never goes backward",
-    schedules(ISSUE_HOSTILE, count=12, make=_issue_knobs),
+ISSUE_HOSTILE = hostile(
+    "ops",
+    (
+        "a failover loses the last 3 tokens in flight",
+        "issue issue issue issue issue failover:3 issue issue issue",
+    ),
+    (
+        "last night's backup is restored after a million more tokens were issued",
+        "issue issue elsewhere issue restore:1 issue issue",
+    ),
+    (
+        "two recoveries: the second restores a backup from before the first",
+        "issue issue issue failover:2 issue issue restore:1 issue issue",
+    ),
+    ("a failover that lost nothing (no lag)", "issue issue failover:0 issue"),
+    ("no recovery at all: the durable authority is not needed", "issue issue issue issue issue"),
 )
+_COUNTER = (
+    "CREATE TABLE IF NOT EXISTS epoch_counter (name TEXT PRIMARY KEY, "
+    "epoch INTEGER NOT NULL, counter INTEGER NOT NULL)"
+)
+
+
+@task("04.1", "the issuer that never goes backward", ISSUE_HOSTILE, count=12, make=_issue_knobs)
 def issuer_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 04.1: ``answer(store, authority, name, recovered) -> (epoch, counter)``."""
     from labkit.fence import token
@@ -72,15 +62,10 @@ def issuer_check(answer, schedule: Schedule, history: list) -> None:
         authority = EpochAuthority(tmp.open("authority.db"))
         for _ in range(rng.randint(1, 4)):
             epoch = authority.next_epoch(name)
-        store, stores, snapshots = tmp.open("store-0.db"), [0], []
-        execute(
-            store,
-            "CREATE TABLE IF NOT EXISTS epoch_counter (name TEXT PRIMARY KEY, "
-            "epoch INTEGER NOT NULL, counter INTEGER NOT NULL)",
-        )
-        execute(
-            store, "INSERT INTO epoch_counter VALUES (?, ?, ?)", (name, epoch, rng.randrange(10**6))
-        )
+        store, snapshots = tmp.open("store-0.db"), []
+        execute(store, _COUNTER)
+        row = (name, epoch, rng.randrange(10**6))
+        execute(store, "INSERT INTO epoch_counter VALUES (?, ?, ?)", row)
         highest, recovered, recoveries, t = token(_row(store, name)), False, 0, 0.0
         for op in schedule.knobs["ops"].split():
             what, _, arg = op.partition(":")
@@ -93,11 +78,8 @@ def issuer_check(answer, schedule: Schedule, history: list) -> None:
                 try:
                     got = token(out[1], "token")
                 except Exception:
-                    expect(
-                        False,
-                        "the issuer returns a token (epoch, counter)",
-                        f"it returned {out[1]!r}",
-                    )
+                    prop = "the issuer returns a token (epoch, counter)"
+                    expect(False, prop, f"it returned {out[1]!r}")
                 history.append(Event(t, "issuer", "write", "ok", got, target=str(got)))
                 history.append(Event(t, "issuer", "raise", "ok", got, target="token"))
                 expect(
@@ -117,37 +99,24 @@ def issuer_check(answer, schedule: Schedule, history: list) -> None:
                 snapshots.append(tmp.path(f"snap-{len(snapshots)}.db"))
                 execute(store, "VACUUM INTO ?", (snapshots[-1],))  # the whole store, as it is now
             elif what == "elsewhere":  # other holders drew many numbers from the same store
-                bump = rng.choice([10**6, 10**9, 2**40])
+                bump = (rng.choice([10**6, 10**9, 2**40]), name)
                 execute(
-                    store,
-                    "UPDATE epoch_counter SET counter = counter + ? WHERE name = ?",
-                    (bump, name),
+                    store, "UPDATE epoch_counter SET counter = counter + ? WHERE name = ?", bump
                 )
                 highest = max(highest, token(_row(store, name)))
                 history.append(Event(t, "others", "write", "ok", highest, target="token"))
             else:  # failover to a lagging replica, or restore an old backup
-                back = (
-                    int(arg)
-                    if arg
-                    else rng.randint(0, 3)
-                    if what == "failover"
-                    else rng.randint(1, len(snapshots))
-                )
-                source = (
-                    snapshots[max(0, len(snapshots) - 1 - back)]
-                    if what == "failover"
-                    else snapshots[min(back, len(snapshots)) - 1]
-                )
-                stores.append(len(stores))
-                shutil.copyfile(source, tmp.path(f"store-{stores[-1]}.db"))
-                store, recovered, recoveries = (
-                    tmp.open(f"store-{stores[-1]}.db"),
-                    True,
-                    recoveries + 1,
-                )
-                history.append(
-                    Event(t, "operator", what, "ok", token(_row(store, name)), target="store")
-                )
+                if what == "failover":
+                    back = int(arg) if arg else rng.randint(0, 3)
+                    source = snapshots[max(0, len(snapshots) - 1 - back)]
+                else:
+                    back = int(arg) if arg else rng.randint(1, len(snapshots))
+                    source = snapshots[min(back, len(snapshots)) - 1]
+                recoveries += 1
+                shutil.copyfile(source, tmp.path(f"store-{recoveries}.db"))
+                store, recovered = tmp.open(f"store-{recoveries}.db"), True
+                now = token(_row(store, name))
+                history.append(Event(t, "operator", what, "ok", now, target="store"))
         used = authority.current(name) - epoch
         expect(
             used <= recoveries,
@@ -163,20 +132,13 @@ def _row(store, name: str):
 
 # ---------------------------------------------------------------- 04.2: a cleanup that keeps every generation
 
-_EXPIRY = {
-    "expired": lambda rng, now: now - rng.choice([1, 5, 30, 90]),  # expired a while ago
-    "boundary": lambda rng, now: now,  # expires exactly at now
-    "late": lambda rng, now: now - 0.25,  # expired, live 0.5 s earlier
-    "edge": lambda rng, now: now + 0.25,  # a quarter second to go
-    "live": lambda rng, now: now + rng.choice([1, 5, 30, 60]),
-}
-_TOLD = {
-    "expired": "expired a while ago",
-    "boundary": "expires exactly at now",
-    "late": "expired a quarter second ago",
-    "edge": "expires a quarter second after now",
-    "live": "unexpired",
-    "released": "released",
+_KINDS = {  # kind: (its lease in words, its expiry drawn for now)
+    "expired": ("expired a while ago", lambda rng, now: now - rng.choice([1, 5, 30, 90])),
+    "boundary": ("expires exactly at now", lambda rng, now: now),
+    "late": ("expired a quarter second ago", lambda rng, now: now - 0.25),  # live 0.5 s earlier
+    "edge": ("expires a quarter second after now", lambda rng, now: now + 0.25),
+    "live": ("unexpired", lambda rng, now: now + rng.choice([1, 5, 30, 60])),
+    "released": ("released", None),  # a counter without a lease row
 }
 
 
@@ -184,72 +146,60 @@ _TARGETS = {"renew": ("late",), "reacquire": ("expired", "boundary", "late")}  #
 
 
 def _cleanup_knobs(rng: Random) -> dict:
-    kinds = [
-        rng.choice(["expired", "boundary", "late", "edge", "live", "released"])
-        for _ in range(rng.randint(2, 6))
-    ]
+    kinds = [rng.choice(list(_KINDS)) for _ in range(rng.randint(2, 6))]
     race = rng.choice([None, "renew", "renew", "reacquire", "reacquire"])
     if race and not set(_TARGETS[race]) & set(kinds):
         kinds.append("late")
-    return {
-        "kinds": " ".join(kinds),
-        "race": race,
-        "at": rng.randint(1, 5),
-        "earlier": rng.randint(2, 6),
-    }
+    at, earlier = rng.randint(1, 5), rng.randint(2, 6)
+    return {"kinds": " ".join(kinds), "race": race, "at": at, "earlier": earlier}
 
 
-CLEANUP_HOSTILE = [
-    {
-        "name": "the lesson's story: eight holders came and went, the last lease expired",
-        "kinds": "expired live",
-        "earlier": 7,
-        "race": None,
-        "at": 0,
-    },
-    {
-        "name": "a lease expires exactly at now; another a quarter second after",
-        "kinds": "boundary edge expired",
-        "earlier": 3,
-        "race": None,
-        "at": 0,
-    },
-    {
-        "name": "nothing has expired: only unexpired leases of several names",
-        "kinds": "live edge live",
-        "earlier": 2,
-        "race": None,
-        "at": 0,
-    },
-    {
-        "name": "released leases (counters without a lease row) next to an expired one",
-        "kinds": "released expired released",
-        "earlier": 4,
-        "race": None,
-        "at": 0,
-    },
+CLEANUP_HOSTILE = hostile(
+    "kinds earlier race at",
+    (
+        "the lesson's story: eight holders came and went, the last lease expired",
+        "expired live",
+        7,
+        None,
+        0,
+    ),
+    (
+        "a lease expires exactly at now; another a quarter second after",
+        "boundary edge expired",
+        3,
+        None,
+        0,
+    ),
+    ("nothing has expired: only unexpired leases of several names", "live edge live", 2, None, 0),
+    (
+        "released leases (counters without a lease row) next to an expired one",
+        "released expired released",
+        4,
+        None,
+        0,
+    ),
     *(
-        {
-            "name": f"the holder renews (the authority's clock reads 0.5 s behind) just before the cleanup's "
-            f"statement {n}",
-            "kinds": "late live expired",
-            "earlier": 2,
-            "race": "renew",
-            "at": n,
-        }
+        (
+            "the holder renews (the authority's clock reads 0.5 s behind) just before the "
+            f"cleanup's statement {n}",
+            "late live expired",
+            2,
+            "renew",
+            n,
+        )
         for n in (1, 2, 3, 4)
     ),
     *(
-        {
-            "name": f"the expired holder acquires again just before the cleanup's statement {n}",
-            "kinds": "boundary live expired",
-            "earlier": 3,
-            "race": "reacquire",
-            "at": n,
-        }
+        (
+            f"the expired holder acquires again just before the cleanup's statement {n}",
+            "boundary live expired",
+            3,
+            "reacquire",
+            n,
+        )
         for n in (1, 2, 3)
     ),
-]
+)
 
 
 def _lease_rows(db) -> set:
@@ -259,7 +209,9 @@ def _lease_rows(db) -> set:
 @task(
     "04.2",
     "the cleanup that keeps every generation",
-    schedules(CLEANUP_HOSTILE, count=12, make=_cleanup_knobs),
+    CLEANUP_HOSTILE,
+    count=12,
+    make=_cleanup_knobs,
 )
 def cleanup_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 04.2: ``answer(conn, now) -> number of lease rows deleted``."""
@@ -285,57 +237,37 @@ def cleanup_check(answer, schedule: Schedule, history: list) -> None:
         plans = []  # (acquired at, ttl, name): every lease began before now
         for name, kind in zip(names, kinds):
             if kind != "released":
-                expiry = _EXPIRY[kind](rng, now)
+                expiry = _KINDS[kind][1](rng, now)
                 ttl = max(0.0, expiry - now) + rng.choice([2.0, 5.0, 10.0, 20.0, 40.0])
                 plans.append((expiry - ttl, ttl, name))
         for owner, (at, ttl, name) in zip("ABCDEFGH", sorted(plans)):
             clock.advance(at - clock.now())
             leases[name] = lease = authority.acquire(name, owner, ttl)
             highest[name] = lease.generation
-            history.append(
-                Event(
-                    at,
-                    owner,
-                    "acquire",
-                    "ok",
-                    lease.generation,
-                    target=name,
-                    until=lease.expires_at,
-                )
-            )
-        target = next(
-            (leases[n] for n, kind in zip(names, kinds) if kind in _TARGETS.get(k["race"], ())),
-            None,
-        )
+            lease_event(history, at, lease)
+        targets = [
+            leases[n] for n, kind in zip(names, kinds) if kind in _TARGETS.get(k["race"], ())
+        ]
+        target = targets[0] if targets else None
         before, seen = _lease_rows(other), {}
 
         def holder(when: float) -> bool:
-            """The target's holder renews (authority 0.5 s behind) or acquires again (at now); drawn at ``when``."""
-            pre = _lease_rows(other)
+            """The target's holder renews (authority 0.5 s behind) or acquires again; drawn at ``when``."""
+            pre, renew = _lease_rows(other), k["race"] == "renew"
             try:
-                if k["race"] == "renew":
+                if renew:
                     new = LeaseAuthority(other, VirtualClock(now - 0.5)).renew(target)
                 else:
-                    new = LeaseAuthority(other, VirtualClock(now)).acquire(
-                        target.name, target.owner, target.ttl
-                    )
+                    again = LeaseAuthority(other, VirtualClock(now))
+                    new = again.acquire(target.name, target.owner, target.ttl)
                     highest[new.name] = new.generation
             except Busy:
                 return False  # the cleanup holds the write lock: after it, then
             except LeaseLost:
                 new = None
             seen.update(pre=pre, post=_lease_rows(other), new=new)
-            history.append(
-                Event(
-                    when,
-                    target.owner,
-                    "renew" if k["race"] == "renew" else "acquire",
-                    "ok" if new else "lost",
-                    (new or target).generation,
-                    target=target.name,
-                    until=new and new.expires_at,
-                )
-            )
+            action = "renew" if renew else "acquire"
+            lease_event(history, when, new or target, action, "ok" if new else "lost")
             return True
 
         with between_statements(db, k["at"] if target else 0, lambda: holder(now)) as race:
@@ -365,17 +297,14 @@ def cleanup_check(answer, schedule: Schedule, history: list) -> None:
             f"{sorted(r[0] for r in late)} went later",
         )
         alive = sorted(r for r in early | late if r[3] > now)
+        renewed = {r for r in alive if mid and r not in before}
         expect(
             not alive,
             "the cleanup never deletes a lease that is unexpired at now (expires_at > now), not "
             "even one renewed or acquired again while the cleanup runs",
             "; ".join(
                 f"it deleted {o}'s lease on {n} (generation {g}, expires at t={e:g}; now is t={now:g})"
-                + (
-                    f", which {o} had renewed or acquired again {moment}"
-                    if mid and r not in before
-                    else ""
-                )
+                + (f", which {o} had renewed or acquired again {moment}" if r in renewed else "")
                 for r in alive
                 for n, o, g, e, _ in [r]
             ),
@@ -400,30 +329,16 @@ def cleanup_check(answer, schedule: Schedule, history: list) -> None:
         if target and not mid:
             holder(now + 0.25)  # the holder comes after the cleanup
         final = {r[0]: r for r in _lease_rows(other)}
-        for at, name in sorted(
-            (max(now, final[n][3]) if n in final else now, n) for n in names
-        ):  # newcomers
+        free_at = [(max(now, final[n][3]) if n in final else now, n) for n in names]
+        for at, name in sorted(free_at):  # newcomers
             lease = LeaseAuthority(other, VirtualClock(at)).try_acquire(name, "I", 10.0)
-            expect(
-                lease is not None,
-                "a name is free again once its lease has expired",
-                f"{name} at t={at:g}",
-            )
-            history.append(
-                Event(
-                    at + 0.25,
-                    "I",
-                    "acquire",
-                    "ok",
-                    lease.generation,
-                    target=name,
-                    until=lease.expires_at,
-                )
-            )
+            prop = "a name is free again once its lease has expired"
+            expect(lease is not None, prop, f"{name} at t={at:g}")
+            lease_event(history, at + 0.25, lease)
             expect(
                 lease.generation > highest[name],
                 "after the cleanup, the next holder gets a generation above "
                 "every generation ever issued for the name (the permanent counter survives the cleanup)",
-                f"I acquired {name} ({_TOLD[kinds[names.index(name)]]}) and got generation {lease.generation}; "
+                f"I acquired {name} ({_KINDS[kinds[names.index(name)]][0]}) and got generation {lease.generation}; "
                 f"{highest[name]} had been issued",
             )

@@ -1,10 +1,8 @@
 """Grading checks of exercise 05 (registered in :mod:`labkit.grading`).
 
 * 05.1 the conservative local deadline, against the worst case of drift and margin.
-* 05.2 the holder loop: the answer keeps working under a real
-  :class:`~labkit.LeaseAuthority` on SQLite while the network delays or loses
-  renewals; successor B takes the lease the moment it expires, and no unit of
-  work may start after the deadline of the last confirmed renewal.
+* 05.2 the holder loop, under a real :class:`~labkit.LeaseAuthority` while the network
+  delays or loses renewals and successor B takes the lease the moment it expires.
 """
 
 from __future__ import annotations
@@ -12,9 +10,9 @@ from __future__ import annotations
 import math
 from random import Random
 
-from labkit.grading.lab import scratch
+from labkit.grading.lab import lease_event, scratch
 from labkit.clock import VirtualClock
-from labkit.grading import Schedule, expect, schedules, task
+from labkit.grading import Schedule, expect, hostile, task
 from labkit.sim.history import Event, check as violations
 from labkit.lease import LeaseAuthority
 
@@ -37,50 +35,17 @@ def _deadline_knobs(rng: Random) -> dict:
     }
 
 
-DEADLINE_HOSTILE = [
-    {
-        "name": "the source's lease: 10 s, margin 1 s, clock up to 1% slow",
-        "send_time": 100.0,
-        "ttl": 10.0,
-        "margin": 1.0,
-        "max_drift": 0.01,
-    },
-    {
-        "name": "a perfect clock (no drift): only the margin",
-        "send_time": 512.25,
-        "ttl": 10.0,
-        "margin": 0.5,
-        "max_drift": 0.0,
-    },
-    {
-        "name": "no margin, a clock up to 5% slow: only the drift",
-        "send_time": 7.5,
-        "ttl": 30.0,
-        "margin": 0.0,
-        "max_drift": 0.05,
-    },
-    {
-        "name": "a monotonic clock that reads 843211.7 s (the holder's uptime)",
-        "send_time": 843211.7,
-        "ttl": 15.0,
-        "margin": 2.0,
-        "max_drift": 0.001,
-    },
-    {
-        "name": "a margin larger than the lease: no protected work at all",
-        "send_time": 40.0,
-        "ttl": 3.0,
-        "margin": 5.0,
-        "max_drift": 0.01,
-    },
-]
-
-
-@task(
-    "05.1",
-    "the conservative local deadline",
-    schedules(DEADLINE_HOSTILE, count=40, make=_deadline_knobs),
+DEADLINE_HOSTILE = hostile(
+    "send_time ttl margin max_drift",
+    ("the lesson's lease: 10 s, margin 1 s, clock up to 1% slow", 100.0, 10.0, 1.0, 0.01),
+    ("a perfect clock (no drift): only the margin", 512.25, 10.0, 0.5, 0.0),
+    ("no margin, a clock up to 5% slow: only the drift", 7.5, 30.0, 0.0, 0.05),
+    ("a monotonic clock that reads 843211.7 s (the holder's uptime)", 843211.7, 15.0, 2.0, 0.001),
+    ("a margin larger than the lease: no protected work at all", 40.0, 3.0, 5.0, 0.01),
 )
+
+
+@task("05.1", "the conservative local deadline", DEADLINE_HOSTILE, count=40, make=_deadline_knobs)
 def deadline_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 05.1: ``answer(send_time, ttl, margin, max_drift) -> local deadline``."""
     k = schedule.knobs
@@ -95,16 +60,8 @@ def deadline_check(answer, schedule: Schedule, history: list) -> None:
     # the world the check draws: the authority granted at the send, the holder's clock ran slow
     expiry_local = send + ttl * (1 - drift)
     history.append(Event(send, "A", "renew", "ok", 1, target="lease", until=send + ttl))
-    history.append(
-        Event(
-            send + (got - send) / (1 - drift) if drift < 1 else got,
-            "A",
-            "write",
-            "ok",
-            1,
-            target="last protected work",
-        )
-    )
+    last = send + (got - send) / (1 - drift) if drift < 1 else got
+    history.append(Event(last, "A", "write", "ok", 1, target="last protected work"))
     history.append(Event(send + ttl, "B", "acquire", "ok", 2, target="lease", until=send + 2 * ttl))
     slack = 1e-9 * max(1.0, abs(send), ttl)
     expect(
@@ -145,8 +102,7 @@ class _HolderWorld:
         self.rate = 1 + self.k["rate"] * self.k["max_drift"]  # rate in [1 - drift, 1 + drift]
         self.offset = self.rng.uniform(100, 10_000)  # a monotonic clock's origin
         self.authority = LeaseAuthority(db, self.true)
-        self.lease = None
-        self.b_holds = False
+        self.lease, self.b_holds = None, False
         self.deadline = -math.inf  # the reference deadline from confirmed sends
         self.units = self.done = self.renewals = self.calls = 0
         self.first_late = None  # (local issue time, reference deadline) of the first late unit
@@ -177,22 +133,10 @@ class _HolderWorld:
             self.true.advance(max(0.0, self.lease.expires_at - self.true.now()))
             b = self.authority.try_acquire(self.lease.name, "B", 1e6)
             if b is not None:
-                self.b_holds = True
+                self.b_holds, now = True, self.true.now()
+                lease_event(self.history, now, b)
                 self.history.append(
-                    Event(
-                        self.true.now(),
-                        "B",
-                        "acquire",
-                        "ok",
-                        b.generation,
-                        target=b.name,
-                        until=b.expires_at,
-                    )
-                )
-                self.history.append(
-                    Event(
-                        self.true.now(), "B", "write", "ok", b.generation, target="B's first unit"
-                    )
+                    Event(now, "B", "write", "ok", b.generation, target="B's first unit")
                 )
         self.true.advance(max(0.0, end - self.true.now()))
 
@@ -204,17 +148,7 @@ class _HolderWorld:
         sent = self.now()
         self._advance(self._draw("request"))
         self.lease = self.authority.acquire(job, "A", self.k["ttl"])
-        self.history.append(
-            Event(
-                self.true.now(),
-                "A",
-                "acquire",
-                "ok",
-                self.lease.generation,
-                target=job,
-                until=self.lease.expires_at,
-            )
-        )
+        lease_event(self.history, self.true.now(), self.lease)
         self._advance(self._draw("response"))
         self._confirm(sent)
         return sent
@@ -230,16 +164,8 @@ class _HolderWorld:
             new = self.authority.renew(self.lease)
         except Exception:  # LeaseLost: B has it now
             new = None
-        self.history.append(
-            Event(
-                self.true.now(),
-                "A",
-                "renew",
-                "ok" if new else "lost",
-                self.lease.generation,
-                target=self.lease.name,
-                until=new and new.expires_at,
-            )
+        lease_event(
+            self.history, self.true.now(), new or self.lease, "renew", "ok" if new else "lost"
         )
         if new is not None:
             self.lease = new
@@ -258,15 +184,9 @@ class _HolderWorld:
         local = self.now()
         if local >= self.deadline and self.first_late is None:
             self.first_late = (local, self.deadline, self.true.now())
+        unit = f"unit {self.done + 1}"
         self.history.append(
-            Event(
-                self.true.now(),
-                "A",
-                "write",
-                "ok",
-                self.lease.generation,
-                target=f"unit {self.done + 1}",
-            )
+            Event(self.true.now(), "A", "write", "ok", self.lease.generation, target=unit)
         )
         self.done += 1
         seconds = self._draw("unit")
@@ -315,53 +235,37 @@ _QUICK = {
     "pause_at": None,
     "benign": True,
 }
+
+
+def _trouble(name: str, **changes) -> dict:
+    return {"name": name, **_QUICK, **changes, "benign": False}
+
+
 HOLDER_HOSTILE = [
     {"name": "every renewal is confirmed quickly (the job must get done)", **_QUICK},
-    {
-        "name": "slow responses: each renewal's answer spends 6-8 s in the network",
-        **_QUICK,
-        "response": (6.0, 8.0),
-        "benign": False,
-    },
-    {
-        "name": "confirmed too late: each answer spends 9-11 s in the network",
-        **_QUICK,
-        "response": (9.0, 11.0),
-        "benign": False,
-    },
-    {"name": "every renewal's response is lost", **_QUICK, "loss": 1.0, "benign": False},
-    {
-        "name": "no margin to spare in small steps: responses lost, clock 5% slow",
-        **_QUICK,
-        "max_drift": 0.05,
-        "margin": 0.3,
-        "unit": (0.02, 0.05),
-        "loss": 1.0,
-        "timeout": 0.05,
-        "units": 260,
-        "benign": False,
-    },
-    {
-        "name": "the holder pauses 30 s inside its 5th unit of work",
-        **_QUICK,
-        "pause_at": 5,
-        "pause": 30.0,
-        "benign": False,
-    },
-    {
-        "name": "slow requests: the renewal reaches the authority after the lease ended",
-        **_QUICK,
-        "request": (9.0, 12.0),
-        "benign": False,
-    },
+    _trouble(
+        "slow responses: each renewal's answer spends 6-8 s in the network", response=(6.0, 8.0)
+    ),
+    _trouble("confirmed too late: each answer spends 9-11 s in the network", response=(9.0, 11.0)),
+    _trouble("every renewal's response is lost", loss=1.0),
+    _trouble(
+        "no margin to spare in small steps: responses lost, clock 5% slow",
+        max_drift=0.05,
+        margin=0.3,
+        unit=(0.02, 0.05),
+        loss=1.0,
+        timeout=0.05,
+        units=260,
+    ),
+    _trouble("the holder pauses 30 s inside its 5th unit of work", pause_at=5, pause=30.0),
+    _trouble(
+        "slow requests: the renewal reaches the authority after the lease ended",
+        request=(9.0, 12.0),
+    ),
 ]
 
 
-@task(
-    "05.2",
-    "the holder that stops at its deadline",
-    schedules(HOLDER_HOSTILE, count=14, make=_holder_knobs),
-)
+@task("05.2", "the holder that stops at its deadline", HOLDER_HOSTILE, count=14, make=_holder_knobs)
 def holder_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 05.2: ``answer(clock, renew, work, *, acquired_at, ttl, margin, max_drift)``."""
     k = schedule.knobs
@@ -395,11 +299,9 @@ def holder_check(answer, schedule: Schedule, history: list) -> None:
         )
         if world.first_late is not None:
             local, deadline, true = world.first_late
-            what = (
-                f"{local - deadline:.3g} s after"
-                if deadline > -math.inf
-                else "with no confirmed lease, at"
-            )
+            what = "with no confirmed lease, at"
+            if deadline > -math.inf:
+                what = f"{local - deadline:.3g} s after"
             expect(
                 False,
                 "no protected work starts after the conservative deadline of the last confirmed "

@@ -1,8 +1,7 @@
 """Grading checks of exercise 06 (registered in :mod:`labkit.grading`).
 
-* 06.1 the owner-and-generation-checked release: late releases, a restarted
-  owner, and B taking over between the release's SQL statements
-  (:func:`~labkit.grading.lab.between_statements`).
+* 06.1 the owner-and-generation-checked release: late releases, a restarted owner,
+  and B taking over between the release's SQL statements.
 * 06.2 jittered exponential backoff: range, spread, growth up to the cap, and
   independence from the global ``random``.
 """
@@ -12,10 +11,10 @@ from __future__ import annotations
 import math
 from random import Random, getstate as global_state, seed as seed_global, setstate as restore_global
 
-from labkit.grading.lab import between_statements, scratch
+from labkit.grading.lab import between_statements, lease_event, scratch
 from labkit.clock import VirtualClock
 from labkit.db import execute
-from labkit.grading import Schedule, expect, schedules, task
+from labkit.grading import Schedule, expect, hostile, task
 from labkit.sim.history import Event, check as violations
 from labkit.lease import LeaseAuthority
 
@@ -35,52 +34,18 @@ def _release_knobs(rng: Random) -> dict:
     }
 
 
-RELEASE_HOSTILE = [
-    {"name": "A releases its own live lease", "story": "own", "before": 0, "inject_at": 0},
-    {
-        "name": "A's late release arrives after B took over",
-        "story": "successor",
-        "before": 6,
-        "inject_at": 0,
-    },
-    {
-        "name": "A restarted and re-acquired; the old A's late release arrives",
-        "story": "same_owner_again",
-        "before": 2,
-        "inject_at": 0,
-    },
-    {
-        "name": "someone else presents the holder's generation",
-        "story": "foreign",
-        "before": 3,
-        "inject_at": 0,
-    },
-    {
-        "name": "A holds two leases with the same generation",
-        "story": "two_names",
-        "before": 0,
-        "inject_at": 0,
-    },
-    {"name": "nothing is held", "story": "nothing", "before": 1, "inject_at": 0},
-    {
-        "name": "B takes over just before the release's 1st statement",
-        "story": "race",
-        "before": 1,
-        "inject_at": 1,
-    },
-    {
-        "name": "B takes over just before the release's 2nd statement",
-        "story": "race",
-        "before": 4,
-        "inject_at": 2,
-    },
-    {
-        "name": "B takes over just before the release's 3rd statement",
-        "story": "race",
-        "before": 0,
-        "inject_at": 3,
-    },
-]
+RELEASE_HOSTILE = hostile(
+    "story before inject_at",
+    ("A releases its own live lease", "own", 0, 0),
+    ("A's late release arrives after B took over", "successor", 6, 0),
+    ("A restarted and re-acquired; the old A's late release arrives", "same_owner_again", 2, 0),
+    ("someone else presents the holder's generation", "foreign", 3, 0),
+    ("A holds two leases with the same generation", "two_names", 0, 0),
+    ("nothing is held", "nothing", 1, 0),
+    ("B takes over just before the release's 1st statement", "race", 1, 1),
+    ("B takes over just before the release's 2nd statement", "race", 4, 2),
+    ("B takes over just before the release's 3rd statement", "race", 0, 3),
+)
 
 
 def _leases(db) -> list[tuple]:
@@ -90,7 +55,9 @@ def _leases(db) -> list[tuple]:
 @task(
     "06.1",
     "the owner-and-generation-checked release",
-    schedules(RELEASE_HOSTILE, count=16, make=_release_knobs),
+    RELEASE_HOSTILE,
+    count=16,
+    make=_release_knobs,
 )
 def release_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 06.1: ``answer(db, name, owner, generation) -> bool``."""
@@ -104,29 +71,14 @@ def release_check(answer, schedule: Schedule, history: list) -> None:
         for _ in range(k["before"]):  # earlier holders: generations the answer cannot guess
             authority.release(authority.acquire(job, "earlier", ttl))
         mine = authority.acquire(job, a, ttl)
-        history.append(
-            Event(
-                clock.now(), a, "acquire", "ok", mine.generation, target=job, until=mine.expires_at
-            )
-        )
+        lease_event(history, clock.now(), mine)
         caller, mine_row = a, (job, a, mine.generation)
         seen = {"present": None}
 
         def take_over(who: str) -> bool:
             seen["present"] = mine_row in _leases(other)
             clock.advance(ttl + 1)
-            lease = authority.acquire(job, who, ttl)
-            history.append(
-                Event(
-                    clock.now(),
-                    who,
-                    "acquire",
-                    "ok",
-                    lease.generation,
-                    target=job,
-                    until=lease.expires_at,
-                )
-            )
+            lease_event(history, clock.now(), authority.acquire(job, who, ttl))
             seen["counters"] = execute(other, "SELECT * FROM lease_counter ORDER BY name")
             return True
 
@@ -139,23 +91,18 @@ def release_check(answer, schedule: Schedule, history: list) -> None:
                 authority.release(authority.acquire(job + "-archive", "earlier", ttl))
             extra = authority.acquire(job + "-archive", a, ttl)
             history.append(
-                Event(clock.now(), a, "acquire", "ok", extra.generation, target=job + "-archive")
+                Event(clock.now(), a, "acquire", "ok", extra.generation, target=extra.name)
             )
         elif story == "nothing":
             authority.release(mine)
-        seen["counters"], before = (
-            execute(db, "SELECT * FROM lease_counter ORDER BY name"),
-            _leases(db),
-        )
+        seen["counters"] = execute(db, "SELECT * FROM lease_counter ORDER BY name")
+        before = _leases(db)
         with between_statements(
             db, k["inject_at"] if story == "race" else 0, lambda: take_over(b)
         ) as race:
             got = answer(db, job, caller, mine.generation)
-        history.append(
-            Event(
-                clock.now(), caller, "release", "ok" if got else "lost", mine.generation, target=job
-            )
-        )
+        outcome = "ok" if got else "lost"
+        history.append(Event(clock.now(), caller, "release", outcome, mine.generation, target=job))
         expect(
             got in (True, False) and not isinstance(got, str),
             "the release answers True or False (did it delete the lease?)",
@@ -173,11 +120,7 @@ def release_check(answer, schedule: Schedule, history: list) -> None:
         else:
             should = story in ("own", "two_names", "race")
             expected = [r for r in before if r != mine_row] if should else before
-        what = (
-            _story(story, a, b)
-            if story != "race" or race["done"]
-            else f"{a} releases its own live lease"
-        )
+        what = _story(story if story != "race" or race["done"] else "own", a, b)
         expect(
             bool(got) == should, f"the release answers {should} when {what}", f"it returned {got!r}"
         )
@@ -220,16 +163,12 @@ def _backoff_knobs(rng: Random) -> dict:
     }
 
 
-BACKOFF_HOSTILE = [
-    {"name": "base 0.1 s, cap 10 s", "base": 0.1, "cap": 10.0, "attempts": 30},
-    {"name": "base 1 s, cap 2 s (the cap bites at once)", "base": 1.0, "cap": 2.0, "attempts": 12},
-    {
-        "name": "tiny base 0.003 s, cap 60 s, many attempts",
-        "base": 0.003,
-        "cap": 60.0,
-        "attempts": 60,
-    },
-]
+BACKOFF_HOSTILE = hostile(
+    "base cap attempts",
+    ("base 0.1 s, cap 10 s", 0.1, 10.0, 30),
+    ("base 1 s, cap 2 s (the cap bites at once)", 1.0, 2.0, 12),
+    ("tiny base 0.003 s, cap 60 s, many attempts", 0.003, 60.0, 60),
+)
 
 SAMPLES = 60  # rng seeds per attempt
 
@@ -240,9 +179,7 @@ def _attempts(base: float, cap: float, count: int) -> list[int]:
     return list(range(min(count, grow + 3))) + [count + 20, 100]
 
 
-@task(
-    "06.2", "jittered exponential backoff", schedules(BACKOFF_HOSTILE, count=6, make=_backoff_knobs)
-)
+@task("06.2", "jittered exponential backoff", BACKOFF_HOSTILE, count=6, make=_backoff_knobs)
 def backoff_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 06.2: ``answer(attempt, *, base, cap, rng) -> seconds``."""
     k = schedule.knobs

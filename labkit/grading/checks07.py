@@ -1,11 +1,10 @@
 """Grading checks of exercise 07 (registered in :mod:`labkit.grading`).
 
 * 07.1 the careful sweeper: old unfinished claims are requeued, while their
-  owner checkpoints, finishes or loses the claim between the sweeper's
-  statements.
-* 07.2 resuming with operation ids: the worker's process dies at a chosen
-  statement (:func:`~labkit.grading.lab.process`) and a successor resumes; no
-  invoice may be issued twice.
+  owner checkpoints, finishes or loses the claim between the sweeper's statements.
+* 07.2 resuming with operation ids: the worker dies at a chosen statement
+  (:func:`~labkit.grading.lab.process`) and a successor resumes; no invoice may
+  be issued twice.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from random import Random
 from labkit.grading.lab import between_statements, process, scratch
 from labkit.clock import VirtualClock
 from labkit.db import execute
-from labkit.grading import Schedule, expect, schedules, task
+from labkit.grading import Schedule, expect, hostile, task
 from labkit.sim.history import Event
 
 
@@ -31,50 +30,24 @@ def _sweep_knobs(rng: Random) -> dict:
     }
 
 
-SWEEP_HOSTILE = [
-    {
-        "name": "old unfinished, fresh, finished and queued claims; nobody moves",
-        "jobs": 6,
-        "mover": None,
-        "inject_at": 0,
-        "older_than": 30.0,
-    },
-    {
-        "name": "B checkpoints progress just before the sweeper's 2nd statement",
-        "jobs": 4,
-        "mover": "checkpoint",
-        "inject_at": 2,
-        "older_than": 30.0,
-    },
-    {
-        "name": "B finishes its job just before the sweeper's 2nd statement",
-        "jobs": 4,
-        "mover": "finish",
-        "inject_at": 2,
-        "older_than": 30.0,
-    },
-    {
-        "name": "another sweeper requeues and C claims, before the sweeper's 2nd statement",
-        "jobs": 4,
-        "mover": "taken",
-        "inject_at": 2,
-        "older_than": 30.0,
-    },
-    {
-        "name": "B checkpoints just before the sweeper's 3rd statement",
-        "jobs": 5,
-        "mover": "checkpoint",
-        "inject_at": 3,
-        "older_than": 10.0,
-    },
-    {
-        "name": "B finishes just before the sweeper's 1st statement",
-        "jobs": 3,
-        "mover": "finish",
-        "inject_at": 1,
-        "older_than": 60.0,
-    },
-]
+SWEEP_HOSTILE = hostile(
+    "jobs mover inject_at older_than",
+    ("old unfinished, fresh, finished and queued claims; nobody moves", 6, None, 0, 30.0),
+    ("B checkpoints progress just before the sweeper's 2nd statement", 4, "checkpoint", 2, 30.0),
+    ("B finishes its job just before the sweeper's 2nd statement", 4, "finish", 2, 30.0),
+    (
+        "another sweeper requeues and C claims, before the sweeper's 2nd statement",
+        4,
+        "taken",
+        2,
+        30.0,
+    ),
+    ("B checkpoints just before the sweeper's 3rd statement", 5, "checkpoint", 3, 10.0),
+    ("B finishes just before the sweeper's 1st statement", 3, "finish", 1, 60.0),
+)
+
+
+_MIX = ["stale", "stale", "fresh", "done", "queued"]  # the kinds of the claims beyond four
 
 
 def _claim_rows(db) -> dict:
@@ -84,7 +57,7 @@ def _claim_rows(db) -> dict:
     }
 
 
-@task("07.1", "the careful sweeper", schedules(SWEEP_HOSTILE, count=16, make=_sweep_knobs))
+@task("07.1", "the careful sweeper", SWEEP_HOSTILE, count=16, make=_sweep_knobs)
 def sweep_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 07.1: ``answer(db, now, older_than) -> list of requeued jobs``."""
     from labkit.mechanisms.recovery import Claims
@@ -95,11 +68,8 @@ def sweep_check(answer, schedule: Schedule, history: list) -> None:
         db, other = tmp.open(), tmp.open()
         clock = VirtualClock(rng.uniform(1000, 5000))
         claims = Claims(other, clock)
-        kinds = (
-            ["stale", "fresh", "done", "queued"] if k["jobs"] >= 4 else ["stale", "stale", "done"]
-        ) + [
-            rng.choice(["stale", "stale", "fresh", "done", "queued"]) for _ in range(k["jobs"] - 4)
-        ]
+        kinds = ["stale", "fresh", "done", "queued"] if k["jobs"] >= 4 else ["stale"] * 2 + ["done"]
+        kinds += [rng.choice(_MIX) for _ in range(k["jobs"] - 4)]
         rng.shuffle(kinds)
         jobs = [f"run-{rng.randrange(10_000)}-{i}" for i in range(len(kinds))]
         for i, (job, kind) in enumerate(zip(jobs, kinds)):  # the old ones first, at old times
@@ -135,16 +105,8 @@ def sweep_check(answer, schedule: Schedule, history: list) -> None:
             else:
                 claims.requeue(c)
                 claims.claim(moved, "C", 99)
-            history.append(
-                Event(
-                    clock.now(),
-                    c.owner if k["mover"] != "taken" else "C",
-                    "write",
-                    "ok",
-                    c.generation,
-                    target=f"{moved} ({k['mover']})",
-                )
-            )
+            who, what = c.owner if k["mover"] != "taken" else "C", f"{moved} ({k['mover']})"
+            history.append(Event(clock.now(), who, "write", "ok", c.generation, target=what))
             seen["after"] = _claim_rows(other)[moved]
             return True
 
@@ -164,23 +126,15 @@ def sweep_check(answer, schedule: Schedule, history: list) -> None:
                 )
         requeued = sorted(j for j in stale if not (j == moved and race["done"]))
         for job in requeued:
-            history.append(
-                Event(
-                    now,
-                    "sweeper",
-                    "write",
-                    "ok" if after[job][1] == "queued" else "rejected",
-                    target=f"{job} requeued",
-                )
-            )
-        for job in jobs:
-            what = {
-                "stale": f"unfinished and untouched for more than {older:g} s",
-                "fresh": "recently updated by its owner",
-                "done": "finished",
-                "queued": "already queued",
-            }
-            kind = kinds[jobs.index(job)]
+            outcome = "ok" if after[job][1] == "queued" else "rejected"
+            history.append(Event(now, "sweeper", "write", outcome, target=f"{job} requeued"))
+        what = {
+            "stale": f"unfinished and untouched for more than {older:g} s",
+            "fresh": "recently updated by its owner",
+            "done": "finished",
+            "queued": "already queued",
+        }
+        for job, kind in zip(jobs, kinds):
             if job == moved and race["done"]:
                 story = (
                     f"it was old, but its owner {'moved it on' if k['mover'] != 'taken' else 'changed'} "
@@ -229,35 +183,16 @@ def _resume_knobs(rng: Random) -> dict:
     }
 
 
-RESUME_HOSTILE = [
-    {
-        "name": "B dies just after its 4th invoice commits, before the checkpoint catches up",
-        "units": 6,
-        "every": 3,
-        "dies_after": 4,
-        "statement": 0,
-    },
-    {
-        "name": "B dies just after its 2nd invoice commits",
-        "units": 5,
-        "every": 4,
-        "dies_after": 2,
-        "statement": 0,
-    },
-    {
-        "name": "B dies at its 3rd SQL statement",
-        "units": 4,
-        "every": 2,
-        "dies_after": 0,
-        "statement": 3,
-    },
-    {"name": "nobody dies", "units": 7, "every": 3, "dies_after": 0, "statement": 0},
-]
-
-
-@task(
-    "07.2", "resuming with operation ids", schedules(RESUME_HOSTILE, count=16, make=_resume_knobs)
+RESUME_HOSTILE = hostile(
+    "units every dies_after statement",
+    ("B dies just after its 4th invoice commits, before the checkpoint catches up", 6, 3, 4, 0),
+    ("B dies just after its 2nd invoice commits", 5, 4, 2, 0),
+    ("B dies at its 3rd SQL statement", 4, 2, 0, 3),
+    ("nobody dies", 7, 3, 0, 0),
 )
+
+
+@task("07.2", "resuming with operation ids", RESUME_HOSTILE, count=16, make=_resume_knobs)
 def resume_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 07.2: ``answer(claims, claim, units, issue_invoice, *, every)``."""
     from labkit.mechanisms.recovery import Claims
@@ -321,17 +256,9 @@ def resume_check(answer, schedule: Schedule, history: list) -> None:
             for number, unit in execute(
                 admin, "SELECT number, unit FROM issued WHERE number > ?", (start,)
             ):
-                history.append(
-                    Event(
-                        clock.now(),
-                        owner,
-                        "write",
-                        "ok",
-                        generation,
-                        key=f"{job}/{unit}",
-                        target=f"INV-{number} ({unit})",
-                    )
-                )
+                key, what = f"{job}/{unit}", f"INV-{number} ({unit})"
+                event = Event(clock.now(), owner, "write", "ok", generation, key=key, target=what)
+                history.append(event)
             if fate["dead"]:
                 history.append(Event(clock.now(), owner, "crash", "ok"))
             after = desk.get(job)

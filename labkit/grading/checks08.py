@@ -14,18 +14,19 @@ from random import Random
 from labkit.grading.lab import process, scratch
 from labkit.clock import VirtualClock
 from labkit.db import execute
-from labkit.grading import Schedule, expect, schedules, task
+from labkit.grading import Schedule, expect, hostile, task
 from labkit.sim.history import Event
 
 
 # ---------------------------------------------------------------- 08.1 outbox relay
 
 
-def _provider(tmp):
-    """A fake email provider with its own SQLite file in the trial's folder."""
+def _world(tmp, rng: Random):
+    """The resource's connection, a fake email provider with its own file, and their clock."""
     from labkit.mechanisms.effects import EmailProvider
 
-    return EmailProvider(tmp.open("provider.db"), VirtualClock())
+    admin, clock = tmp.open(), VirtualClock(rng.uniform(0, 100))
+    return admin, EmailProvider(tmp.open("provider.db"), clock), clock
 
 
 class _Down(Exception):
@@ -45,7 +46,6 @@ class _FlakyMail:
         self.provider, self.fail, self.fate, self.calls = provider, fail, fate, 0
 
     def send(self, to, subject, body, *, idempotency_key=None):
-        """Send one email through the real provider, unless the network says otherwise."""
         self.calls += 1
         how = self.fail.get(self.calls)
         if self.fate["dead"] or how == "before":
@@ -57,10 +57,8 @@ class _FlakyMail:
         return delivery
 
     def deliver(self, payload, *, idempotency_key=None):
-        """Like ``send``, with the payload as a dict (to, subject, body)."""
-        return self.send(
-            payload["to"], payload["subject"], payload["body"], idempotency_key=idempotency_key
-        )
+        email = payload["to"], payload["subject"], payload["body"]
+        return self.send(*email, idempotency_key=idempotency_key)
 
 
 def _relay_knobs(rng: Random) -> dict:
@@ -76,48 +74,21 @@ def _relay_knobs(rng: Random) -> dict:
     }
 
 
-RELAY_HOSTILE = [
-    {
-        "name": "three emails, no trouble",
-        "intents": 3,
-        "sent_before": 0,
-        "charges": 0,
-        "fail": {},
-        "dies_at": 0,
-    },
-    {
-        "name": "the 1st send goes out but the relay dies before marking it",
-        "intents": 2,
-        "sent_before": 0,
-        "charges": 0,
-        "fail": {1: "after"},
-        "dies_at": 0,
-    },
-    {
-        "name": "the 2nd send never reaches the provider",
-        "intents": 3,
-        "sent_before": 0,
-        "charges": 1,
-        "fail": {2: "before"},
-        "dies_at": 0,
-    },
-    {
-        "name": "one email was relayed before; the 1st send now dies after delivering",
-        "intents": 3,
-        "sent_before": 1,
-        "charges": 0,
-        "fail": {1: "after"},
-        "dies_at": 0,
-    },
-    {
-        "name": "the relay dies at its 3rd SQL statement",
-        "intents": 2,
-        "sent_before": 0,
-        "charges": 0,
-        "fail": {},
-        "dies_at": 3,
-    },
-]
+RELAY_HOSTILE = hostile(
+    "intents sent_before charges fail dies_at",
+    ("three emails, no trouble", 3, 0, 0, {}, 0),
+    ("the 1st send goes out but the relay dies before marking it", 2, 0, 0, {1: "after"}, 0),
+    ("the 2nd send never reaches the provider", 3, 0, 1, {2: "before"}, 0),
+    (
+        "one email was relayed before; the 1st send now dies after delivering",
+        3,
+        1,
+        0,
+        {1: "after"},
+        0,
+    ),
+    ("the relay dies at its 3rd SQL statement", 2, 0, 0, {}, 3),
+)
 
 
 def _publish_intents(admin, outbox, k, rng, job: str) -> tuple[list, list]:
@@ -126,33 +97,27 @@ def _publish_intents(admin, outbox, k, rng, job: str) -> tuple[list, list]:
     from labkit.fence import Fence
 
     fence = Fence(admin, job)
-    emails = [
-        (
-            f"{job}/report-{i}",
-            {
-                "to": rng.choice(["ops@example.com", "billing@example.com"]),
-                "subject": f"run {job} report {i}",
-                "body": f"total {rng.randrange(10**6)}",
-            },
-        )
-        for i in range(k["intents"])
-    ]
+    emails = []
+    for i in range(k["intents"]):
+        to = rng.choice(["ops@example.com", "billing@example.com"])
+        email = {
+            "to": to,
+            "subject": f"run {job} report {i}",
+            "body": f"total {rng.randrange(10**6)}",
+        }
+        emails.append((f"{job}/report-{i}", email))
     with fence.guard(8) as tx:
         for key, email in emails:
             outbox.add(tx, key, "email", email)
         for c in range(k["charges"]):
             outbox.add(tx, f"{job}/charge-{c}", "charge", {"account": "acct-1", "amount": 100 + c})
     with contextlib.suppress(StaleGeneration), fence.guard(7) as tx:
-        outbox.add(
-            tx,
-            f"{job}/stale-email",
-            "email",
-            {"to": "ops@example.com", "subject": "stale", "body": "A"},
-        )
+        stale = {"to": "ops@example.com", "subject": "stale", "body": "A"}
+        outbox.add(tx, f"{job}/stale-email", "email", stale)
     return emails, [key for key, _ in emails[: k["sent_before"]]]
 
 
-@task("08.1", "the outbox relay", schedules(RELAY_HOSTILE, count=16, make=_relay_knobs))
+@task("08.1", "the outbox relay", RELAY_HOSTILE, count=16, make=_relay_knobs)
 def relay_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 08.1: ``answer(db, mail)`` sends pending email intents exactly once."""
     from labkit.mechanisms.effects import Outbox
@@ -160,8 +125,7 @@ def relay_check(answer, schedule: Schedule, history: list) -> None:
     rng, k = schedule.rng, schedule.knobs
     job = f"invoice-run-{rng.randrange(1000)}"
     with scratch() as tmp:
-        admin, provider = tmp.open(), _provider(tmp)
-        clock = provider.clock = VirtualClock(rng.uniform(0, 100))
+        admin, provider, clock = _world(tmp, rng)
         outbox = Outbox(admin, clock)
         emails, sent_before = _publish_intents(admin, outbox, k, rng, job)
         for key, email in emails:
@@ -190,16 +154,8 @@ def relay_check(answer, schedule: Schedule, history: list) -> None:
                 break
         records = provider.records()
         for r in records:
-            history.append(
-                Event(
-                    r["created_at"],
-                    "relay",
-                    "email",
-                    "ok",
-                    key=r["idempotency_key"],
-                    target=r["payload"]["subject"],
-                )
-            )
+            key, subject = r["idempotency_key"], r["payload"]["subject"]
+            history.append(Event(r["created_at"], "relay", "email", "ok", key=key, target=subject))
         for key, email in emails:
             n = sum(1 for r in records if r["payload"] == email)
             expect(
@@ -250,19 +206,14 @@ class _Dying:
         return call
 
 
-PUBLISH_HOSTILE = [
-    {
-        "name": "B (8) has raised the fence; stale A (7) wakes up and publishes before B does",
-        "story": "early",
-    },
-    {
-        "name": "B (8) publishes; then stale A (7) wakes up and publishes its own report",
-        "story": "stale",
-    },
-    {"name": "B (8) publishes and dies; C (9) redoes the same step", "story": "redo"},
-    {"name": "the worker dies at its first call to the email provider", "story": "mail_dies"},
-    {"name": "the worker dies between its file write and its email intent", "story": "half"},
-]
+PUBLISH_HOSTILE = hostile(
+    "story",
+    ("B (8) has raised the fence; stale A (7) wakes up and publishes before B does", "early"),
+    ("B (8) publishes; then stale A (7) wakes up and publishes its own report", "stale"),
+    ("B (8) publishes and dies; C (9) redoes the same step", "redo"),
+    ("the worker dies at its first call to the email provider", "mail_dies"),
+    ("the worker dies between its file write and its email intent", "half"),
+)
 
 
 def _publish_knobs(rng: Random) -> dict:
@@ -272,7 +223,9 @@ def _publish_knobs(rng: Random) -> dict:
 @task(
     "08.2",
     "the report and its email intent in one fenced transaction",
-    schedules(PUBLISH_HOSTILE, count=8, make=_publish_knobs),
+    PUBLISH_HOSTILE,
+    count=8,
+    make=_publish_knobs,
 )
 def publish_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 08.2: ``answer(generation, *, fence, files, outbox, mail, report, email)``."""
@@ -283,8 +236,7 @@ def publish_check(answer, schedule: Schedule, history: list) -> None:
     rng, story = schedule.rng, schedule.knobs["story"]
     job = f"invoice-run-{rng.randrange(1000)}"
     with scratch() as tmp:
-        admin, provider = tmp.open(), _provider(tmp)
-        clock = provider.clock = VirtualClock(rng.uniform(0, 100))
+        admin, provider, clock = _world(tmp, rng)
         folder = tmp.path("files")
         surprises: list[str] = []
         total = rng.randrange(10**6)
@@ -319,21 +271,11 @@ def publish_check(answer, schedule: Schedule, history: list) -> None:
                 conn.conn.close()
             if FencedFileStore(admin, folder, job).generation("report.txt") == generation:
                 outcome = "ok"
-            history.append(
-                Event(clock.now(), name, "write", outcome, generation, target="report.txt")
-            )
+            now = clock.now()
+            history.append(Event(now, name, "write", outcome, generation, target="report.txt"))
             for r in provider.records()[sent_before:]:
-                history.append(
-                    Event(
-                        clock.now(),
-                        name,
-                        "email",
-                        "ok",
-                        generation,
-                        key=r["idempotency_key"],
-                        target=r["payload"]["subject"],
-                    )
-                )
+                key, subject = r["idempotency_key"], r["payload"]["subject"]
+                history.append(Event(now, name, "email", "ok", generation, key=key, target=subject))
             clock.advance(1)
 
         report_b, body_b = f"total {total}".encode(), f"the total is {total}"

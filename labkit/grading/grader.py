@@ -1,27 +1,18 @@
 """Grade a folder of submitted exercise notebooks with nbval and print a scorecard.
 
-Usage::
-
-    python -m labkit.grade SUBMISSIONS... [--junit out.xml] [--csv out.csv]
-                           [--cell-timeout 30] [--solutions solutions/]
+Usage: ``python -m labkit.grade SUBMISSIONS... [--junit out.xml] [--csv out.csv]
+[--cell-timeout 30] [--solutions solutions/]``.
 
 SUBMISSIONS are notebooks or folders searched for ``*.ipynb``. A submission's
-student is the name of the folder holding it (``subs/alice/02-fencing-tokens.ipynb``
-is alice's; a notebook lying directly in a folder given on the command line
-is named by its file name), and
-its exercise is the solution whose check cells carry the same ``task:`` tags
-(or, failing that, the solution with the same file name).
-
-For each submission the canonical check cells from ``solutions/`` are put
-back (matched by their ``task:`` tag, or appended if the student deleted
-them), so an edited check cell or a forged stored output counts for nothing.
-Each notebook is copied into its own temporary folder and run by
-``pytest --nbval-lax --nbval-current-env`` with a per-cell timeout. A task
-passes only if its check cell passed: after a timeout nbval marks later cells
-as xfail, and here they count as failed. Every task that passed is then
-checked again outside the student's kernel (:mod:`labkit.grading.verify`), so an
-answer cell that patches Python itself cannot fake a pass. A notebook that is not valid JSON,
-crashes its kernel or loops forever costs that student only.
+student is the name of its folder (or, lying directly in a folder given on the
+command line, its file name); its exercise is the solution whose check cells carry
+the same ``task:`` tags (failing that, the one with the same file name). The
+canonical check cells are put back (edited or deleted ones count for nothing), and
+each notebook runs in its own temporary folder under ``pytest --nbval-lax`` with a
+per-cell timeout. A task passes only if its check cell passed (after a timeout
+nbval xfails the later cells: they fail here) and passes again outside the
+student's kernel (:mod:`labkit.grading.verify`). A notebook that is not valid
+JSON, crashes its kernel or loops forever costs that student only.
 
 The exit status says whether grading ran (0), not whether students passed.
 """
@@ -50,12 +41,8 @@ __all__ = ["Submission", "grade", "main"]
 class Submission:
     """One notebook being graded.
 
-    Attributes:
-        path: the submitted file.
-        student: who submitted it.
-        exercise: the matching solution's file name, or None.
-        results: task id -> "pass" / "fail".
-        problem: why the notebook could not be run, if it could not.
+    Attributes: ``path``, ``student``, ``exercise`` (the matching solution's file name, or
+    None), ``results`` (task id -> "pass" / "fail"), ``problem`` (why it could not be run).
     """
 
     path: pathlib.Path
@@ -67,10 +54,8 @@ class Submission:
 
 def task_of(cell) -> str | None:
     """Return the ``task:`` tag's id of a cell, or None."""
-    for tag in cell.get("metadata", {}).get("tags", []):
-        if tag.startswith("task:"):
-            return tag[len("task:") :]
-    return None
+    tags = cell.get("metadata", {}).get("tags", [])
+    return next((tag[len("task:") :] for tag in tags if tag.startswith("task:")), None)
 
 
 def _canonical(solutions: pathlib.Path) -> dict[str, dict]:
@@ -84,17 +69,13 @@ def _tasks(nb: dict) -> list[str]:
 def restore_checks(submitted: dict, solution: dict) -> dict:
     """Return ``submitted`` with every check cell replaced by the solution's canonical one."""
     canon = {task_of(c): c for c in solution["cells"] if task_of(c)}
-    nb = copy.deepcopy(submitted)
-    seen = set()
-    cells = []
+    nb, seen, cells = copy.deepcopy(submitted), set(), []
     for cell in nb["cells"]:
         tid = task_of(cell)
         if tid in canon:
             cells.append(copy.deepcopy(canon[tid]))
             seen.add(tid)
-        elif is_check(cell):
-            continue  # a check cell that is not canonical: dropped
-        else:
+        elif not is_check(cell):  # a check cell that is not canonical is dropped
             cells.append(cell)
     cells += [copy.deepcopy(canon[t]) for t in canon if t not in seen]
     nb["cells"] = cells
@@ -105,11 +86,8 @@ def _collect(paths: list[str]) -> list[Submission]:
     found = []
     for arg in map(pathlib.Path, paths):
         files = sorted(arg.rglob("*.ipynb")) if arg.is_dir() else [arg]
-        found += [
-            Submission(f, f.stem if f.parent == arg else f.parent.name)
-            for f in files
-            if ".ipynb_checkpoints" not in f.parts
-        ]
+        files = [f for f in files if ".ipynb_checkpoints" not in f.parts]
+        found += [Submission(f, f.stem if f.parent == arg else f.parent.name) for f in files]
     return found
 
 
@@ -120,9 +98,7 @@ def _prepare(
         nb = json.loads(sub.path.read_text())
         tags = set(_tasks(nb))
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        sub.problem = f"not a readable notebook: {exc}"
-        tags = set()
-        nb = None
+        sub.problem, nb, tags = f"not a readable notebook: {exc}", None, set()
     match = next((n for n, s in solutions.items() if tags and tags & set(_tasks(s))), None)
     match = match or next((n for n in solutions if sub.path.name.endswith(n)), None)
     sub.exercise = match
@@ -140,33 +116,14 @@ def _prepare(
 
 
 def _run_nbval(notebooks: list[pathlib.Path], cell_timeout: int, report: pathlib.Path) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-p",
-        "no:hypothesispytest",
-        "--nbval-lax",
-        "--nbval-current-env",
-        f"--nbval-cell-timeout={cell_timeout}",
-        f"--junitxml={report}",
-        "--rootdir",
-        str(report.parent),
-        *(str(n.relative_to(report.parent)) for n in notebooks),
-    ]
+    flags = "-q -p no:cacheprovider -p no:hypothesispytest --nbval-lax --nbval-current-env"
+    cmd = [sys.executable, "-m", "pytest", *flags.split(), f"--nbval-cell-timeout={cell_timeout}"]
+    cmd += [f"--junitxml={report}", "--rootdir", str(report.parent)]
+    cmd += [str(n.relative_to(report.parent)) for n in notebooks]
     limit = 60 + len(notebooks) * 60 + cell_timeout * 4
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     try:
-        subprocess.run(
-            cmd,
-            cwd=report.parent,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=limit,
-            check=False,
-        )
+        subprocess.run(cmd, cwd=report.parent, timeout=limit, check=False, **quiet)
     except subprocess.TimeoutExpired:
         pass  # whatever the report holds is what passed; the rest fails
 
@@ -204,11 +161,7 @@ def _score(sub: Submission, target: pathlib.Path, ok: set[int]) -> None:
 
 
 def grade(
-    paths: list[str],
-    *,
-    solutions: pathlib.Path = ROOT / "solutions",
-    cell_timeout: int = 30,
-    progress=sys.stderr,
+    paths: list[str], *, solutions=ROOT / "solutions", cell_timeout: int = 30, progress=sys.stderr
 ) -> list[Submission]:
     """Grade every submission under ``paths``; return them with per-task results.
 
@@ -237,9 +190,8 @@ def grade(
             _score(sub, target, passed.get(_key(target, root), set()))
             _verify(sub, target, cell_timeout)
             bar = "#" * (30 * done // len(jobs))
-            print(
-                f"\r[{bar:<30}] {done}/{len(jobs)} {sub.student}", end="", file=progress, flush=True
-            )
+            line = f"\r[{bar:<30}] {done}/{len(jobs)} {sub.student}"
+            print(line, end="", file=progress, flush=True)
         if jobs:
             print(file=progress)
     return subs
@@ -280,18 +232,9 @@ def scorecard(subs: list[Submission]) -> str:
     width = max([len("student")] + [len(s.student) for s in subs])
     lines = ["student".ljust(width) + "  " + "  ".join(t.ljust(5) for t in tasks) + "  notebook"]
     for s in subs:
-        cells = "  ".join(
-            (s.results.get(t, "-") if t in s.results else "-").ljust(5) for t in tasks
-        )
-        note = s.exercise or s.path.name
-        lines.append(
-            s.student.ljust(width)
-            + "  "
-            + cells
-            + "  "
-            + note
-            + (f"  ({s.problem})" if s.problem else "")
-        )
+        cells = "  ".join(s.results.get(t, "-").ljust(5) for t in tasks)
+        note = (s.exercise or s.path.name) + (f"  ({s.problem})" if s.problem else "")
+        lines.append(f"{s.student.ljust(width)}  {cells}  {note}")
     return "\n".join(lines)
 
 
@@ -300,9 +243,8 @@ def write_junit(subs: list[Submission], path: pathlib.Path) -> None:
     suite = ET.Element("testsuite", name="labkit-grade")
     for s in subs:
         for tid, outcome in s.results.items():
-            case = ET.SubElement(
-                suite, "testcase", classname=f"{s.student}.{s.exercise}", name=f"task {tid}"
-            )
+            where = f"{s.student}.{s.exercise}"
+            case = ET.SubElement(suite, "testcase", classname=where, name=f"task {tid}")
             if outcome != "pass":
                 ET.SubElement(case, "failure", message=s.problem or f"task {tid} failed its check")
         if not s.results:
@@ -324,9 +266,8 @@ def write_csv(subs: list[Submission], path: pathlib.Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m labkit.grade", description=__doc__.split("\n")[0]
-    )
+    first_line = __doc__.split("\n")[0]
+    parser = argparse.ArgumentParser(prog="python -m labkit.grade", description=first_line)
     parser.add_argument("submissions", nargs="+")
     parser.add_argument("--junit", type=pathlib.Path)
     parser.add_argument("--csv", type=pathlib.Path)

@@ -1,20 +1,12 @@
 """The laboratory every grading check runs in: scratch SQLite files, a second worker, a dying process.
 
-The check modules (:mod:`labkit.grading.checks01` ... :mod:`labkit.grading.checks09`) build
-each trial's world from these pieces, so that they all mean the same thing:
-
-* :func:`scratch` gives a trial a temporary folder of real SQLite files and
-  closes every connection and deletes the folder afterwards. Its connections
-  never wait for the write lock (busy timeout 0) and skip fsync.
-* :class:`Tracer` watches the SQL one connection sends (SQLite's trace
-  callback) and runs another worker's action just before the answer's n-th
-  statement: real concurrency between statements, at a point the schedule
-  picks. :func:`between_statements` is the same, as a context manager.
+* :func:`scratch` gives a trial a temporary folder of real SQLite files (connections
+  that never wait for the write lock and skip fsync) and cleans it up afterwards.
+* :class:`Tracer` and :func:`between_statements` run another worker's action just
+  before the answer's n-th SQL statement: real concurrency, at a point the schedule picks.
 * :func:`process` lets a worker's process die at a chosen statement.
-* :func:`call`, :func:`shown`, :func:`busy`, :func:`is_bool` judge one call.
-
-Reloading :mod:`labkit.grading` reloads this module first, then the lesson
-modules, so a patch an answer cell made to any of them is undone.
+* :func:`call`, :func:`shown`, :func:`busy`, :func:`is_bool` judge one call;
+  :func:`lease_event` records a lease in a trial's history.
 """
 
 from __future__ import annotations
@@ -24,46 +16,29 @@ import os
 import shutil
 import tempfile
 
-from labkit.db import connect, execute
 from labkit.errors import Busy
-
-
-def connect_quick(path: str):
-    """A labkit connection that never waits for the lock, without fsync (a check needs no durability)."""
-    db = connect(path, busy_timeout_ms=0)
-    execute(db, "PRAGMA synchronous = OFF")
-    return db
+from labkit.sim.files import connect_file
+from labkit.sim.history import Event
 
 
 class Scratch:
-    """A trial's temporary folder of SQLite files.
-
-    Attributes:
-        folder: the folder's path.
-        opened: every connection :meth:`open` returned (closed by :func:`scratch`).
-    """
+    """A trial's temporary folder of SQLite files; ``opened`` lists the connections :meth:`open` made."""
 
     def __init__(self, folder: str) -> None:
         self.folder, self.opened = folder, []
 
     def path(self, name: str = "check.db") -> str:
-        """The path of file ``name`` in the folder."""
         return os.path.join(self.folder, name)
 
     def open(self, name: str = "check.db"):
-        """A new quick connection (see :func:`connect_quick`) to file ``name`` in the folder."""
-        self.opened.append(connect_quick(self.path(name)))
+        """A new connection (busy timeout 0, no fsync) to file ``name`` in the folder."""
+        self.opened.append(connect_file(self.path(name)))
         return self.opened[-1]
 
 
 @contextlib.contextmanager
 def scratch():
-    """Yield a fresh :class:`Scratch`; afterwards close its connections and delete its folder.
-
-    Example:
-        >>> with scratch() as lab:
-        ...     db, other = lab.open(), lab.open()      # two connections to one file
-    """
+    """Yield a fresh :class:`Scratch`; afterwards close its connections and delete its folder."""
     lab = Scratch(tempfile.mkdtemp(prefix="labkit-check-"))
     try:
         yield lab
@@ -74,15 +49,10 @@ def scratch():
 
 
 class Tracer:
-    """Records the SQL one connection sends; runs ``action`` just before its ``at``-th statement.
+    """Records the SQL one connection sends (in ``sql``); runs ``action`` just before its ``at``-th statement.
 
-    Trigger echoes (lines starting with ``--``) and re-prepares of the same
-    statement are not counted as new statements. Whatever ``action()``
-    returns is kept in ``result``; an exception inside it is swallowed by
-    SQLite's trace callback, so actions catch their own (see :func:`call`).
-
-    Attributes:
-        sql: the statements sent so far, values expanded.
+    Trigger echoes and re-prepares do not count. ``action()``'s result is kept in
+    ``result``; SQLite's trace callback swallows exceptions, so actions catch their own.
     """
 
     def __init__(self, db) -> None:
@@ -105,13 +75,10 @@ class Tracer:
 
 @contextlib.contextmanager
 def between_statements(db, at: int, action):
-    """Run ``action()`` on another connection just before the ``at``-th statement sent on ``db``.
+    """Run ``action()`` just before the ``at``-th statement sent on ``db``.
 
-    It models a concurrent worker acting between the answer's statements.
-    Yields a dict whose ``"done"`` says whether ``action()`` ran and returned
-    something true; it is False when the action raised (e.g. the answer holds
-    the write lock) or never came (``at`` is 0 or beyond the last statement),
-    and the caller then runs it afterwards.
+    Yields a dict whose ``"done"`` says whether ``action()`` ran and returned something
+    true: False when it raised (the answer holds the write lock) or never came.
     """
     seen = {"done": False}
 
@@ -134,10 +101,8 @@ def between_statements(db, at: int, action):
 def process(db, dies):
     """Run a worker on ``db`` whose process dies when ``dies(sql)`` first says so.
 
-    ``dies`` is asked before every SQL statement. From that statement on,
-    every statement on ``db`` is interrupted, so nothing more commits; the
-    caller closes the connection afterwards, which rolls back what was open.
-    Yields a dict whose ``"dead"`` says whether it died.
+    From then on every statement on ``db`` is interrupted; closing the connection
+    rolls back what was open. Yields a dict whose ``"dead"`` says whether it died.
     """
     seen = {"dead": False}
 
@@ -152,6 +117,14 @@ def process(db, dies):
     finally:
         db.conn.set_trace_callback(None)
         db.conn.set_progress_handler(None, 1)
+
+
+def lease_event(history: list, when: float, lease, action: str = "acquire", outcome: str = "ok"):
+    """Append the event of ``lease`` being acquired or renewed (``until`` only when ``"ok"``)."""
+    until = lease.expires_at if outcome == "ok" else None
+    history.append(
+        Event(when, lease.owner, action, outcome, lease.generation, target=lease.name, until=until)
+    )
 
 
 def call(fn, *args):

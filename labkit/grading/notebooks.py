@@ -1,17 +1,14 @@
 """Solutions are the single source; exercises are generated from them.
 
-A solution notebook marks each answer with ``### BEGIN SOLUTION`` and
-``### END SOLUTION`` lines inside a code cell. The exercise copy replaces each
-such block by ``raise NotImplementedError(...)`` at the block's indentation,
-so defining the student's function still works and only the check cell that
-calls it fails. Every output is cleared, except the stored pass line of check
-cells (those starting with ``# NBVAL_CHECK_OUTPUT``): nbval compares against it.
+Each ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` block of a solution's code
+cell becomes ``raise NotImplementedError(...)`` at the block's indentation, so
+only the check cell that calls the answer fails. Every output is cleared except
+the stored pass line of check cells (``# NBVAL_CHECK_OUTPUT``): nbval compares it.
 
 Usage::
 
     python -m labkit.grading.notebooks build     # solutions/*.ipynb -> exercises/*.ipynb
     python -m labkit.grading.notebooks check     # exit 1 if any exercise is stale
-    python -m labkit.grading.notebooks execute NB...   # run notebooks in place, store outputs
 """
 
 from __future__ import annotations
@@ -33,14 +30,15 @@ _BLOCK = re.compile(
 STUB = 'raise NotImplementedError("your answer goes here")'
 
 
-def _source(cell) -> str:
+def cell_source(cell) -> str:
+    """A cell's source as one string (notebook JSON may store a list of lines)."""
     src = cell.get("source", "")
     return "".join(src) if isinstance(src, list) else src
 
 
 def is_check(cell) -> bool:
     """Whether ``cell`` is a grading check cell."""
-    return cell.get("cell_type") == "code" and _source(cell).lstrip().startswith(CHECK_MARK)
+    return cell.get("cell_type") == "code" and cell_source(cell).lstrip().startswith(CHECK_MARK)
 
 
 def strip_answer(source: str) -> str:
@@ -55,7 +53,7 @@ def exercise_from_solution(solution: dict) -> dict:
     for cell in nb["cells"]:
         if cell["cell_type"] != "code":
             continue
-        cell["source"] = strip_answer(_source(cell))
+        cell["source"] = strip_answer(cell_source(cell))
         if not is_check(cell):  # check cells keep their run and pass line: nbval compares them
             cell["execution_count"] = None
             cell["outputs"] = []
@@ -71,48 +69,29 @@ def _pairs(root: pathlib.Path = ROOT):
         yield sol, root / "exercises" / sol.name
 
 
+def _generated(solution: pathlib.Path) -> str:
+    return _dump(exercise_from_solution(json.loads(solution.read_text())))
+
+
 def build(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
     """Write ``exercises/NN.ipynb`` for every ``solutions/NN.ipynb``; return the paths."""
     written = []
     for sol, ex in _pairs(root):
-        ex.write_text(_dump(exercise_from_solution(json.loads(sol.read_text()))))
+        ex.write_text(_generated(sol))
         written.append(ex)
     return written
 
 
 def stale(root: pathlib.Path = ROOT) -> list[str]:
     """Return the names of exercises that differ from what ``build`` would write."""
-    names = [
-        sol.name
-        for sol, ex in _pairs(root)
-        if not ex.exists()
-        or ex.read_text() != _dump(exercise_from_solution(json.loads(sol.read_text())))
-    ]
-    extra = {p.name for p in (root / "exercises").glob("*.ipynb")} - {
-        s.name for s, _ in _pairs(root)
-    }
+    pairs = list(_pairs(root))
+    names = [sol.name for sol, ex in pairs if not ex.exists() or ex.read_text() != _generated(sol)]
+    extra = {p.name for p in (root / "exercises").glob("*.ipynb")} - {s.name for s, _ in pairs}
     return names + sorted(extra)
 
 
-def execute(paths, timeout: int = 120) -> None:
-    """Run each notebook in place with the current Python and store its outputs (for authors)."""
-    import nbformat
-    from nbclient import NotebookClient
-
-    for path in map(pathlib.Path, paths):
-        nb = nbformat.read(path, as_version=4)
-        NotebookClient(
-            nb,
-            timeout=timeout,
-            kernel_name="python3",
-            resources={"metadata": {"path": str(path.parent)}},
-        ).execute()
-        nb.metadata.pop("widgets", None)
-        path.write_text(_dump(nb))
-
-
 def main(argv: list[str]) -> int:
-    command, *rest = argv or ["build"]
+    command = (argv or ["build"])[0]
     if command == "build":
         for path in build():
             print(f"wrote {path.relative_to(ROOT)}")
@@ -122,9 +101,6 @@ def main(argv: list[str]) -> int:
         for name in names:
             print(f"stale: exercises/{name} (run `make exercises`)")
         return 1 if names else 0
-    if command == "execute":
-        execute(rest)
-        return 0
     print(__doc__)
     return 2
 

@@ -1,20 +1,15 @@
 """Re-check a graded notebook's check cells outside the student's kernel.
 
-A check cell runs inside the student's kernel, where an answer cell can
-patch anything first (``importlib.reload``, IPython's exception hooks,
-labkit's own modules). So the grader re-runs every notebook that passed a
-task under nbval in a fresh process: it runs the notebook's code cells (not
-the check cells, not ``# NBVAL_SKIP`` cells) in a plain IPython shell, then
-puts back what a check cell relies on (``importlib`` and its ``reload``,
-``print``, ``__import__``, the module ``labkit.grading`` itself), and runs
-each canonical check cell with ``exec``: its ``reload`` re-executes the
-grading modules from their source, it passes if it raises nothing and prints
-exactly its stored output. (The core modules are not reloaded: the
-student's objects must stay of the same classes as the checks' objects.) A task passes
-only if it passes both ways.
+Inside the kernel an answer cell can patch anything first (``importlib.reload``,
+IPython's hooks, labkit's modules). So the grader re-runs each notebook that passed
+a task in a fresh process: its code cells (not check or ``# NBVAL_SKIP`` cells) run in
+a plain IPython shell; then what a check cell relies on (``importlib``, ``print``,
+``__import__``, ``labkit.grading``) is put back and each canonical check cell runs
+with ``exec``. It passes if it raises nothing and prints exactly its stored output.
+The core modules are not reloaded: the student's objects must keep the checks' classes.
 
-Usage (by :mod:`labkit.grading.grader`): ``LABKIT_VERIFY_NONCE=... python -m labkit.grading.verify NOTEBOOK``;
-prints one line, the nonce followed by a JSON object ``{task: "pass" | "fail: why"}``.
+Usage (by :mod:`labkit.grading.grader`): ``LABKIT_VERIFY_NONCE=... python -m
+labkit.grading.verify NOTEBOOK`` prints the nonce, then ``{task: "pass" | "fail: why"}`` as JSON.
 """
 
 from __future__ import annotations
@@ -39,10 +34,6 @@ _PRISTINE = {
 }
 
 
-def _source(cell) -> str:
-    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-
-
 def _restore(grading) -> None:
     sys.modules["importlib"] = _PRISTINE["importlib"]
     importlib.reload, importlib.import_module = _PRISTINE["reload"], _PRISTINE["import_module"]
@@ -50,18 +41,26 @@ def _restore(grading) -> None:
     sys.modules["labkit.grading"] = grading
 
 
+def _stored_output(cell) -> str:
+    return "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
+
+
 def main(path: str, nonce: str, write) -> None:
     """Run ``path``'s code cells, then each check cell against a fresh ``labkit``."""
     from labkit import grading
-    from labkit.grading.notebooks import is_check
+    from labkit.grading.notebooks import cell_source, is_check
     from labkit.grading.grader import task_of
 
     cells = [c for c in json.loads(open(path).read())["cells"] if c["cell_type"] == "code"]
-    checks = [c for c in cells if is_check(c) and task_of(c)]
-    code = [
-        _source(c)
+    checks = [
+        (task_of(c), compile(cell_source(c), "<check cell>", "exec"), _stored_output(c))
         for c in cells
-        if not is_check(c) and not _source(c).lstrip().startswith("# NBVAL_SKIP")
+        if is_check(c) and task_of(c)
+    ]
+    code = [
+        cell_source(c)
+        for c in cells
+        if not is_check(c) and not cell_source(c).lstrip().startswith("# NBVAL_SKIP")
     ]
     from IPython.core.interactiveshell import InteractiveShell
 
@@ -71,17 +70,16 @@ def main(path: str, nonce: str, write) -> None:
             shell.run_cell(source)
     _restore(grading)
     results = {}
-    for cell in checks:
-        expected = "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
+    for task, check, expected in checks:
         printed = StringIO()
         try:
             with redirect_stdout(printed):
-                _PRISTINE["exec"](compile(_source(cell), "<check cell>", "exec"), shell.user_ns)
+                _PRISTINE["exec"](check, shell.user_ns)
             ok = printed.getvalue() == expected or not expected
-            results[task_of(cell)] = "pass" if ok else f"fail: printed {printed.getvalue()!r}"
+            results[task] = "pass" if ok else f"fail: printed {printed.getvalue()!r}"
         except BaseException as exc:  # anything at all: the task failed
             first = (str(exc).splitlines() or [""])[0]
-            results[task_of(cell)] = f"fail: {type(exc).__name__}: {first}"
+            results[task] = f"fail: {type(exc).__name__}: {first}"
     write(nonce + json.dumps(results) + "\n")
 
 

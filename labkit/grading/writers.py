@@ -1,14 +1,10 @@
-"""The fenced writers' laboratory, shared by tasks 02.1, 02.2 and 03.1 (see :mod:`labkit.grading.lab`).
+"""The fenced writers' laboratory, shared by tasks 02.1, 02.2 and 03.1.
 
-:func:`lab` opens one SQLite file with the invoice, charge and crash-plan
-tables, an observer connection, and one traced connection per worker.
-:func:`fenced_trial` runs a fenced-writer answer (one invoice for 02.1, a
-batch for 03.1) through one schedule and judges every call against a model
-of what an accepted or a refused write does: the rows it left, what it
-returned, and whether it raised the fence before touching the protected
-table. Concurrency is real: B acts on its own connection just before A's
-n-th SQL statement; if A holds the write lock then, B's ``BEGIN IMMEDIATE``
-is refused (busy timeout 0, the wait made visible) and B tries again after A.
+:func:`fenced_trial` runs a fenced writer (one invoice for 02.1, a batch for 03.1)
+through one schedule and judges every call against a model of an accepted or a
+refused write: the rows it left, what it returned, whether it raised the fence
+before touching the protected table. B acts on its own connection just before A's
+n-th SQL statement; if A holds the write lock then, B is refused and tries again after A.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ import re
 
 from labkit.grading.lab import Tracer, busy, call, is_bool, scratch, shown
 from labkit.db import execute
-from labkit.grading import Schedule, expect
+from labkit.grading import Schedule, expect, hostile
 from labkit.sim.history import Event
 
 JOB, OTHER = "invoice-run", "payroll-run"
@@ -38,34 +34,31 @@ SETUP = (
 
 
 @contextlib.contextmanager
-def lab(*workers: str):
-    """A fresh SQLite file with the check's tables; yields (observer, {worker: (db, tracer)})."""
+def lab(rng: Random, story: str):
+    """A fresh SQLite file with the check's tables and the fences of JOB and OTHER.
+
+    Yields (observer, {"A": (db, tracer), "B": (db, tracer)}, the starting generations).
+    """
     with scratch() as tmp:
         observer = tmp.open()
         for sql in SETUP:
             execute(observer, sql)
-        yield observer, {w: (db, Tracer(db)) for w in workers for db in [tmp.open()]}
+        start = {JOB: 7 if story != "random" else rng.randint(1, 40), OTHER: rng.randint(1, 60)}
+        for job, g in start.items():
+            sql = "INSERT INTO job_fence(job_id, epoch, generation) VALUES (?, 0, ?)"
+            execute(observer, sql, (job, g))
+        yield observer, {w: (db, Tracer(db)) for w in "AB" for db in [tmp.open()]}, start
 
 
-_RAISE = re.compile(
-    r"\s*(UPDATE(\s+OR\s+\w+)?|INSERT(\s+OR\s+\w+)?\s+INTO|REPLACE\s+INTO)\s+[\[\"`]?job_fence\b",
-    re.I,
-)
+_WRITE = r"\s*(UPDATE(\s+OR\s+\w+)?|INSERT(\s+OR\s+\w+)?\s+INTO|REPLACE\s+INTO)\s+"
+_RAISE = re.compile(_WRITE + r"[\[\"`]?job_fence\b", re.I)
 _TOUCH = re.compile(r"\b(invoices|charges)\b", re.I)
 
 
 def _raised_first(sql: list[str]) -> None:
     """The fence is raised before the statement that first reads or writes the protected table."""
-    touch = next(
-        (
-            i
-            for i, s in enumerate(sql)
-            if _TOUCH.search(s)
-            and "sqlite_master" not in s
-            and not s.lstrip().upper().startswith("PRAGMA")
-        ),
-        None,
-    )
+    plain = [not s.lstrip().upper().startswith("PRAGMA") and "sqlite_master" not in s for s in sql]
+    touch = next((i for i, s in enumerate(sql) if plain[i] and _TOUCH.search(s)), None)
     if touch is None:
         return
     raised = next((i for i, s in enumerate(sql) if _RAISE.match(s)), None)
@@ -87,12 +80,9 @@ def generation_of(db, job: str) -> int:
 
 
 def _state(db):
-    return (
-        tuple(execute(db, "SELECT job_id, epoch, generation FROM job_fence ORDER BY job_id")),
-        tuple(
-            execute(db, "SELECT job_id, invoice_id, amount, generation FROM invoices ORDER BY 1, 2")
-        ),
-    )
+    fences = execute(db, "SELECT job_id, epoch, generation FROM job_fence ORDER BY job_id")
+    rows = execute(db, "SELECT job_id, invoice_id, amount, generation FROM invoices ORDER BY 1, 2")
+    return tuple(fences), tuple(rows)
 
 
 def _after(state, job: str, gen: int, invoices: dict):
@@ -116,10 +106,8 @@ def _diff(before, after) -> str:
     if before == after:
         return "nothing changed"
     old_f, new_f = {j: g for j, _, g in before[0]}, {j: g for j, _, g in after[0]}
-    old_i, new_i = (
-        {(j, i): (a, g) for j, i, a, g in before[1]},
-        {(j, i): (a, g) for j, i, a, g in after[1]},
-    )
+    old_i = {(j, i): (a, g) for j, i, a, g in before[1]}
+    new_i = {(j, i): (a, g) for j, i, a, g in after[1]}
     parts = [
         f"fence of {j}: {old_f.get(j)} -> {new_f.get(j)}"
         for j in sorted(new_f)
@@ -137,14 +125,8 @@ class _Writers:
     """Runs a fenced-writer answer against the model of what an accepted or refused write does."""
 
     def __init__(self, answer, batch: bool, db, conns, history: list) -> None:
-        self.answer, self.batch, self.db, self.conns, self.history = (
-            answer,
-            batch,
-            db,
-            conns,
-            history,
-        )
-        self.t = 0.0
+        self.answer, self.batch, self.db, self.conns = answer, batch, db, conns
+        self.history, self.t = history, 0.0
 
     def call(self, who: str, job: str, gen: int, invoices: dict):
         db = self.conns[who][0]
@@ -157,17 +139,10 @@ class _Writers:
         self.t += dt
         self.history.append(Event(self.t, who, action, outcome, gen, target=target, until=until))
 
-    def wrote(
-        self, who: str, gen: int, invoices: dict, before, after, crashed: bool = False
-    ) -> None:
+    def wrote(self, who: str, gen: int, invoices: dict, before, after, crashed=False) -> None:
         """Log a write as the rows show it, and the fence of JOB if it moved."""
-        self.log(
-            who,
-            "write",
-            "crashed" if crashed else ("ok" if after != before else "rejected"),
-            gen,
-            ",".join(invoices),
-        )
+        outcome = "crashed" if crashed else ("ok" if after != before else "rejected")
+        self.log(who, "write", outcome, gen, ",".join(invoices))
         if _fence(after, JOB) != _fence(before, JOB):
             self.log(who, "raise", "ok", _fence(after, JOB), JOB, dt=0.0)
 
@@ -235,8 +210,7 @@ class _Writers:
         tracer.before(at, b_acts)
         out_a = self.call("A", job, a_gen, a_inv)
         tracer.action = None
-        s_a = _state(self.db)
-        a_done = _after(s0, job, a_gen, a_inv)
+        s_a, a_done = _state(self.db), _after(s0, job, a_gen, a_inv)
         if not seen:  # A finished before its at-th statement: B comes after A
             self.wrote("A", a_gen, a_inv, s0, s_a)
             expect(
@@ -262,12 +236,9 @@ class _Writers:
             "a call's writes become visible together, at its COMMIT",
             f"just before A's statement {at}, another connection saw: {_diff(s0, mid)}",
         )
-        expect(
-            not self.conns["B"][0].conn.in_transaction
-            and not self.conns["A"][0].conn.in_transaction,
-            "every call ends its transaction with COMMIT or ROLLBACK",
-            "a transaction was left open",
-        )
+        left_open = any(db.conn.in_transaction for db, _ in self.conns.values())
+        prop = "every call ends its transaction with COMMIT or ROLLBACK"
+        expect(not left_open, prop, "a transaction was left open")
         if is_bool(out_b, True):
             expect(
                 s_b == _after(mid, job, b_gen, b_inv),
@@ -321,31 +292,17 @@ def _invoices(rng: Random, fresh: list, batch: bool, known: list) -> dict:
 def fenced_trial(answer, schedule: Schedule, history: list, batch: bool) -> None:
     """Run a fenced writer through one schedule of :data:`FENCED_HOSTILE` (or a random one).
 
-    Args:
-        answer: ``answer(conn, job, invoice_id, amount, generation)`` (02.1) or,
-            with ``batch``, ``answer(conn, job, generation, invoices)`` (03.1); returns
-            True when the write was accepted, False when the fence refused it.
-        schedule: its ``story`` knob picks the story; ``at`` places B's race.
-        history: receives the writes, raises, pauses and waits, for a replay.
-
-    Raises:
-        Broken: naming the property the answer broke.
+    The answer is ``answer(conn, job, invoice_id, amount, generation)`` (02.1) or, with
+    ``batch``, ``answer(conn, job, generation, invoices)`` (03.1). Raises Broken.
     """
     rng, story = schedule.rng, schedule.knobs["story"]
-    with lab("A", "B") as (db, conns):
-        start = {JOB: 7 if story != "random" else rng.randint(1, 40), OTHER: rng.randint(1, 60)}
-        for job, g in start.items():
-            execute(
-                db, "INSERT INTO job_fence(job_id, epoch, generation) VALUES (?, 0, ?)", (job, g)
-            )
+    with lab(rng, story) as (db, conns, start):
         w, fresh, known = _Writers(answer, batch, db, conns, history), [0], []
 
-        def inv(n=None):
-            got = _invoices(rng, fresh, batch, known)
-            return got if n is None else dict(list(got.items())[:n])
+        def inv():
+            return _invoices(rng, fresh, batch, known)
 
-        g = start[JOB]
-        if story == "source":  # the source's numbers, and both halves of the lesson
+        if story == "lesson":  # the lesson's numbers, and both halves of the lesson
             w.write("A", JOB, 7, inv())
             w.write("B", JOB, 8, {"INV-1": 200, **(inv() if batch else {})})
             w.write("B", JOB, 8, inv())
@@ -373,35 +330,21 @@ def fenced_trial(answer, schedule: Schedule, history: list, batch: bool) -> None
                 else:
                     gen = max(0, cur + rng.choice([-3, -1, -1, 0, 0, 1, 2]))
                     batch_ = inv()
-                    w.write(
-                        rng.choice("AB"),
-                        job,
-                        gen,
-                        batch_,
-                        crash=rng.choice(list(batch_)) if roll > 0.85 else None,
-                    )
-        g = generation_of(db, JOB)
-        w.write("A", JOB, max(0, g - 1), inv())  # the obsolete predecessor, once more at the end
+                    who = rng.choice("AB")
+                    crash = rng.choice(list(batch_)) if roll > 0.85 else None
+                    w.write(who, job, gen, batch_, crash=crash)
+        last = max(0, generation_of(db, JOB) - 1)
+        w.write("A", JOB, last, inv())  # the obsolete predecessor, once more at the end
 
 
-FENCED_HOSTILE = [
-    {
-        "name": "the source's story: A writes with 7, B commits 8 (twice), A's 7 comes back",
-        "story": "source",
-    },
-    {"name": "B arrives before A's first statement", "story": "race", "at": 1},
-    {
-        "name": "A checks the fence, then stops before its 2nd statement; B commits 8",
-        "story": "race",
-        "at": 2,
-    },
-    {
-        "name": "A stops inside its transaction (before statement 3); B arrives",
-        "story": "race",
-        "at": 3,
-    },
-    {"name": "A stops before its 4th statement; B arrives", "story": "race", "at": 4},
-    {"name": "A stops before its 5th statement; B arrives", "story": "race", "at": 5},
-    {"name": "a crash inside the transaction, then the same write again", "story": "crash"},
-    {"name": "two jobs, each with its own fence", "story": "two jobs"},
-]
+FENCED_HOSTILE = hostile(
+    "story at",
+    ("the lesson's story: A writes with 7, B commits 8 (twice), A's 7 comes back", "lesson"),
+    ("B arrives before A's first statement", "race", 1),
+    ("A checks the fence, then stops before its 2nd statement; B commits 8", "race", 2),
+    ("A stops inside its transaction (before statement 3); B arrives", "race", 3),
+    ("A stops before its 4th statement; B arrives", "race", 4),
+    ("A stops before its 5th statement; B arrives", "race", 5),
+    ("a crash inside the transaction, then the same write again", "crash"),
+    ("two jobs, each with its own fence", "two jobs"),
+)

@@ -1,19 +1,11 @@
 """A team of real worker processes on one SQLite file, and the hands to hurt them.
 
-:class:`Team` starts the invoice workers of :mod:`labkit.processes.workers` as OS processes
-and gives you the hands to freeze (``SIGSTOP``), thaw (``SIGCONT``), kill
-(``SIGKILL``) and restart them, and to switch the write path between protected
-and unprotected while they run. :mod:`labkit.processes.live` builds the lecture-hall
-demo on it, and :mod:`labkit.processes.chaos` the fault run.
-
-Every process a team starts is stopped by :meth:`Team.stop`, by leaving a
-``with`` block (a kernel interrupt included), at interpreter exit, and, if the
-kernel itself dies (a kernel restart), by Linux: each worker asks for
-``PR_SET_PDEATHSIG``. Start teams from a long-lived thread (a notebook's main
-thread is one): Linux ties that signal to the thread that started the child.
-
-This module reads the real clock on purpose (it is the parent side of
-:mod:`labkit.processes.live`).
+:class:`Team` starts the workers of :mod:`labkit.processes.workers`, freezes (SIGSTOP),
+thaws, kills (SIGKILL) and restarts them, and reads back what happened. Every process it
+starts is stopped by :meth:`Team.stop` (or leaving a ``with`` block), at interpreter exit,
+and by Linux if the parent dies (``PR_SET_PDEATHSIG``, tied to the starting thread: start
+teams from a long-lived one). A member's temporary folders (``$LABKIT_SCRATCH``, inside the
+run's folder, never ``/dev/shm``) are removed when the team reaps it. Real time on purpose.
 """
 
 from __future__ import annotations
@@ -21,6 +13,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,33 +21,33 @@ import tempfile
 import threading
 import time
 import uuid
-from random import Random
 import weakref
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, replace
+from random import Random
 
 from labkit.clock import RealClock
 from labkit.db import connect, execute, transaction
-from labkit.errors import BadArgument, BadArgumentType, Busy, LabkitError
-from labkit.sim.history import Event, check
+from labkit.errors import BadArgument, Busy, LabkitError, check_number
 from labkit.lease import LeaseAuthority
-from labkit.errors import check_number
-from labkit.processes.workers import (
-    IDLE,
-    IN_TX,
-    JOB,
-    Board,
-    Journal,
-    WorkerSpec,
-    prepare,
-    read_journals,
-)
+from labkit.processes.workers import IDLE, IN_TX, WORKING, WorkerSpec, append, board, journal
+from labkit.processes.workers import prepare, read_journals
+from labkit.sim import JOB, Event, check
 
-_CLOCK = RealClock()  # a team of real processes runs on the machine's monotonic clock
+__all__ = ["STOP_TIMEOUT", "Team", "proc_state"]
 
-__all__ = ["Team", "proc_state"]
+STOP_TIMEOUT = 2.0  # seconds for a SIGSTOPped process to show state T before it is SIGKILLed
+_CLOCK = RealClock()
+_TEAMS: weakref.WeakSet[Team] = weakref.WeakSet()
 
-_TEAMS: "weakref.WeakSet[Team]" = weakref.WeakSet()
+
+def proc_state(pid: int) -> str | None:
+    """The kernel's state letter for ``pid`` (``R``, ``S``, ``T``, ``Z``...), or None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def _locked(method):
@@ -66,103 +59,50 @@ def _locked(method):
     return wrapper
 
 
-def proc_state(pid: int) -> str | None:
-    """Return the kernel's state letter for ``pid`` (``R``, ``S``, ``T``, ``Z``...), or None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
 class Team:
-    """Worker processes running the invoice job on one SQLite file.
+    """Worker processes (1 to 26, named ``"A"``, ``"B"``, ...) on one SQLite file.
 
-    Args:
-        workers: how many (1 to 26), named ``"A"``, ``"B"``, ...
-        path: the SQLite file (default: a new file in a temporary folder).
-        protected: start on the protected write path.
-        seed: seeds every worker's random numbers (with its name and incarnation).
-        ttl, work, hold, rest, invoices, redeliver, busy_timeout_ms, seconds:
-            passed to each worker (see :class:`labkit.processes.workers.WorkerSpec`).
-        root: where the run's folder (board, journals, logs, default database) is
-            made (default: the system's temporary folder). It is kept afterwards.
-
-    Counts (``team.counts``): ``freezes``, ``freezes_past_lease`` (a lease holder
-    thawed after its lease had expired), ``kills``, ``kills_in_tx`` (killed while
-    inside ``BEGIN IMMEDIATE``, checked against the write lock itself), ``restarts``.
-
-    Example:
-        >>> with Team(2, ttl=0.5, seconds=1.0) as team:   # doctest: +SKIP
-        ...     team.start(); time.sleep(1.5); team.check()
-        []
+    ``path`` defaults to ``lab.db`` in the run's folder, made (and kept) in ``root``;
+    ``seed`` seeds every worker (with its name and incarnation); ``knobs`` are ``ttl``,
+    ``work``, ``hold``, ``rest``, ``invoices``, ``redeliver``, ``busy_timeout_ms`` and
+    ``seconds`` of :class:`~labkit.processes.workers.WorkerSpec`. ``team.counts`` counts
+    ``freezes``, ``freezes_past_lease`` (a holder thawed after its lease expired), ``kills``,
+    ``kills_in_tx`` (inside ``BEGIN IMMEDIATE``, checked against the lock) and ``restarts``.
     """
 
-    def __init__(
-        self,
-        workers: int = 2,
-        *,
-        path: str | None = None,
-        protected: bool = True,
-        seed: int = 0,
-        ttl: float = 1.0,
-        work=(0.1, 0.3),
-        hold=(0.005, 0.02),
-        rest=(0.0, 0.1),
-        invoices: int = 3,
-        redeliver: float = 0.0,
-        busy_timeout_ms: int = 200,
-        seconds: float | None = None,
-        root: str | None = None,
-    ) -> None:
-        if isinstance(workers, bool) or not isinstance(workers, int):
-            raise BadArgumentType("workers", f"must be an int, got {type(workers).__name__}")
-        if not 1 <= workers <= 26:
-            raise BadArgument("workers", f"must be 1 to 26, got {workers}")
-        ttl = check_number(ttl, "ttl", positive=True)
+    def __init__(self, workers=2, *, path=None, protected=True, seed=0, root=None, **knobs):
+        n = check_number(workers, "workers", integer=True, low=1, high=26)
+        knobs["ttl"] = check_number(knobs.get("ttl", 1.0), "ttl", positive=True)
         self.run_dir = tempfile.mkdtemp(prefix="labkit-run-", dir=root)
         for folder in ("journal", "logs"):
             os.makedirs(os.path.join(self.run_dir, folder))
         self.path = os.fspath(path) if path is not None else os.path.join(self.run_dir, "lab.db")
         prepare(self.path)
-        self.names = [chr(ord("A") + i) for i in range(workers)]
-        self.board = Board(os.path.join(self.run_dir, "board"), workers, protected)
-        self.run, self.seed, self.t0 = uuid.uuid4().hex[:12], seed, _CLOCK.now()
-        self.options = dict(
-            ttl=ttl,
-            work=tuple(work),
-            hold=tuple(hold),
-            rest=tuple(rest),
-            invoices=invoices,
-            redeliver=redeliver,
-            busy_timeout_ms=busy_timeout_ms,
-            seconds=seconds,
-        )
-        self.db = connect(self.path, busy_timeout_ms=busy_timeout_ms)
+        self.names, self.seed = [chr(65 + i) for i in range(n)], seed
+        self.run, self.t0 = uuid.uuid4().hex[:12], _CLOCK.now()
+        self.spec = WorkerSpec(self.path, self.run_dir, self.run, self.t0, **knobs)
+        self.spec = replace(self.spec, protected=bool(protected), parent=os.getpid())
+        self.board = board(os.path.join(self.run_dir, "board"), n)
+        self.db = connect(self.path, busy_timeout_ms=self.spec.busy_timeout_ms)
         self._probe = connect(self.path, busy_timeout_ms=0)
-        self.leases = LeaseAuthority(self.db, RealClock())
-        self.journal = Journal(os.path.join(self.run_dir, "journal", "team.jsonl"))
+        self.leases = LeaseAuthority(self.db, _CLOCK)
+        self.journal = journal(os.path.join(self.run_dir, "journal", "team.jsonl"))
         self.procs: dict[str, subprocess.Popen] = {}
-        self.incarnation: Counter = Counter()
-        self.counts: Counter = Counter()
-        self._frozen: dict[str, tuple | None] = {}
-        self._lock = threading.RLock()
+        self.scratch: dict[str, str] = {}  # each member's scratch folder, removed when reaped
+        self.incarnation, self.counts = Counter(), Counter()
+        self._frozen: dict[str, int | None] = {}  # name -> the generation it held, if any
+        self._lock, self._closed = threading.RLock(), False
         _TEAMS.add(self)
 
-    # -- time, state ---------------------------------------------------------------
+    # -- state ---------------------------------------------------------------------
     def now(self) -> float:
         """Seconds since the team was made (the time axis of its history)."""
         return _CLOCK.now() - self.t0
 
     @property
     def protected(self) -> bool:
-        """True while workers take the protected write path; assign to switch it live."""
-        return self.board.protected
-
-    @protected.setter
-    def protected(self, value: bool) -> None:
-        self.board.protected = value
-        self._note("", "mode", "protected" if value else "unprotected")
+        """The workers' write path (fixed when the team is made)."""
+        return self.spec.protected
 
     def pid(self, name: str) -> int | None:
         """The pid of ``name``'s current process, or None if it never started."""
@@ -174,56 +114,54 @@ class Team:
         proc = self.procs.get(self._check(name))
         return proc is not None and proc.poll() is None
 
-    def state(self, name: str) -> str | None:
-        """The kernel's state letter of ``name``'s process (``T`` while frozen)."""
-        return proc_state(self.pid(name)) if self.alive(name) else None
-
     def phase(self, name: str) -> int:
-        """``name``'s phase on the board (``procs.IDLE``, ``LEASED``, ``WORKING``, ``IN_TX``)."""
-        return self.board.phase(self.names.index(self._check(name)))
+        """``name``'s phase on the board (``IDLE``, ``LEASED``, ``WORKING`` or ``IN_TX``)."""
+        return self.board[self.names.index(self._check(name))]
 
+    @_locked
     def holder(self):
-        """``(name, lease)`` if a running worker process holds the unexpired lease, else None.
-
-        A lease left behind by a killed process (until it expires) has no holder here.
-        """
-        with self._lock:
-            lease = self.leases.current(JOB)
+        """``(name, lease)`` if a running worker holds the unexpired lease, else None."""
+        lease = self.leases.current(JOB)
         if lease is not None:
             name, _, number = lease.owner.rpartition(".")
             if name in self.names and number == str(self.incarnation[name]) and self.alive(name):
                 return name, lease
         return None
 
+    @_locked
     def lock_held(self) -> bool:
-        """True if some connection holds the write lock right now (probed with ``BEGIN IMMEDIATE``)."""
-        with self._lock:
-            try:
-                with transaction(self._probe):
-                    return False
-            except Busy:
-                return True
+        """True if some connection holds the write lock now (probed with ``BEGIN IMMEDIATE``)."""
+        try:
+            with transaction(self._probe):
+                return False
+        except Busy:
+            return True
+
+    def overtaken(self, generation: int) -> bool:
+        """True once a write with a generation above ``generation`` has committed."""
+        sql = "SELECT max(generation) > ? FROM invoice_lines WHERE run = ?"
+        return bool(self.query(sql, (generation, self.run))[0][0])
 
     # -- hands -----------------------------------------------------------------------
-    def start(self, *names: str) -> "Team":
-        """Start the named workers (default: every worker not running); a dead one is restarted."""
+    def start(self, *names: str) -> Team:
+        """Start the named workers (default: all that are not running); a dead one restarts."""
+        if self._closed:
+            raise LabkitError("this team was stopped: make a new one to start workers")
         for name in names or self.names:
             if not self.alive(name):
+                self._reap(name)
                 self._spawn(name)
         return self
 
     @_locked
     def freeze(self, name: str) -> int | None:
         """SIGSTOP ``name`` and wait until the kernel reports it stopped; return its phase then."""
-        if not self.alive(name) or name in self._frozen:
-            return None
-        if not self._stop_now(name):
+        if not self.alive(name) or name in self._frozen or not self._stop_now(name):
             return None
         held = self.holder()
-        lease = held[1] if held is not None and held[0] == name else None
-        self._frozen[name] = None if lease is None else (lease.generation,)
+        self._frozen[name] = held[1].generation if held and held[0] == name else None
         self.counts["freezes"] += 1
-        self._note(name, "pause", "ok", None if lease is None else lease.generation)
+        self._note(name, "pause", "ok", self._frozen[name])
         return self.phase(name)
 
     @_locked
@@ -231,35 +169,42 @@ class Team:
         """SIGCONT a frozen ``name``; return whether it had held a lease that expired meanwhile."""
         if name not in self._frozen:
             return None
-        lease = self._frozen.pop(name)
+        generation, past = self._frozen.pop(name), None
         if self.alive(name):
             os.kill(self.pid(name), signal.SIGCONT)
-        past = None
-        if lease is not None:
+        if generation is not None:
             held = self.holder()
-            past = held is None or (held[0], held[1].generation) != (name, lease[0])
+            past = held is None or (held[0], held[1].generation) != (name, generation)
             self.counts["freezes_past_lease"] += past
         self._note(name, "resume", "past_lease" if past else "ok")
         return past
 
     @_locked
+    def freeze_holder(self, name: str | None = None):
+        """Freeze the lease holder (only if it is ``name``, when given) while it works: after
+        its read, outside any transaction. Return ``(name, generation)``, or None and let it run."""
+        held = self.holder()
+        who = held[0] if held and held[0] not in self._frozen else None
+        if who is None or name not in (None, who) or self.phase(who) != WORKING:
+            return None
+        if self.freeze(who) == WORKING and not self.lock_held() and self.holder() == held:
+            return who, held[1].generation
+        self.thaw(who)
+        return None
+
+    @_locked
     def kill(self, name: str) -> bool | None:
         """SIGKILL ``name``; return True if it died inside ``BEGIN IMMEDIATE`` (None if not running).
 
-        The process is stopped first, so its phase can be read while it cannot
-        change; a phase of ``IN_TX`` is then confirmed by finding the write lock
-        held. The killed transaction rolls back, and the lock is free at once.
+        It is stopped first, so its phase cannot change while it is read; ``IN_TX`` is then
+        confirmed by finding the write lock held. Its transaction rolls back at once.
         """
         if not self.alive(name) or (name not in self._frozen and not self._stop_now(name)):
             return None
-        slot = self.names.index(name)
-        in_tx = self.board.phase(slot) == IN_TX
+        in_tx = self.phase(name) == IN_TX
         if in_tx and not self.lock_held():
             raise LabkitError(f"{name} is marked inside a transaction but the write lock is free")
-        self.procs[name].kill()
-        self.procs[name].wait()
-        self._frozen.pop(name, None)
-        self.board.set_phase(slot, IDLE)
+        self._reap(name)
         self.counts["kills"] += 1
         self.counts["kills_in_tx"] += in_tx
         self._note(name, "crash", "in_tx" if in_tx else "outside_tx")
@@ -267,8 +212,8 @@ class Team:
 
     @_locked
     def kill_if_in_tx(self, name: str) -> bool:
-        """Stop ``name`` for an instant: if it is inside ``BEGIN IMMEDIATE``, SIGKILL it (True);
-        otherwise let it continue (False). Frozen or dead workers are left alone (False)."""
+        """Stop ``name`` for an instant: SIGKILL it if it is inside ``BEGIN IMMEDIATE`` (True),
+        else let it go on (False). Frozen or dead workers are left alone (False)."""
         if not self.alive(name) or name in self._frozen or not self._stop_now(name):
             return False
         if self.phase(name) == IN_TX:
@@ -278,30 +223,23 @@ class Team:
 
     def exited(self) -> dict[str, int]:
         """Workers whose process exited by itself (not through :meth:`kill`), with exit codes."""
-        return {
-            name: proc.returncode
-            for name, proc in self.procs.items()
-            if proc.poll() is not None and proc.returncode != -signal.SIGKILL
-        }
+        codes = {name: proc.poll() for name, proc in self.procs.items()}
+        return {name: code for name, code in codes.items() if code not in (None, -signal.SIGKILL)}
 
-    def finish(self, timeout: float = 5.0) -> None:
-        """Thaw everyone, let workers end on their own (``seconds``) for up to ``timeout``, then stop."""
-        for name in list(self._frozen):
-            self.thaw(name)
-        deadline = _CLOCK.now() + timeout
-        while any(self.alive(n) for n in self.procs) and _CLOCK.now() < deadline:
-            time.sleep(0.02)
-        self.stop()
-
+    @_locked
     def stop(self) -> None:
-        """SIGKILL every process this team started and reap them. Safe to call twice."""
-        self._frozen.clear()
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+        """SIGKILL and reap every process, remove their scratch, close the team's connections,
+        board and journal. Safe to call twice; the history stays readable."""
+        for name in list(self.procs):
+            self._reap(name)
+        if not self._closed:
+            self._closed = True
+            for db in (self.db, self._probe):
+                db.conn.close()
+            self.board.close()
+            os.close(self.journal)
 
-    def __enter__(self) -> "Team":
+    def __enter__(self) -> Team:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -310,43 +248,34 @@ class Team:
     # -- what happened ---------------------------------------------------------------
     def history(self) -> list[Event]:
         """Every event so far, in time order: the journals plus the committed writes."""
-        with self._lock:
-            rows = execute(
-                self.db,
-                "SELECT time, worker, action, outcome, generation, key, target, "
-                "until FROM history WHERE run = ?",
-                (self.run,),
-            )
-        events = read_journals(os.path.join(self.run_dir, "journal")) + [
-            Event(*row) for row in rows
-        ]
-        return sorted(events, key=lambda e: e.time)
+        columns = "time, worker, 'write', 'ok', generation, key, invoice_id"
+        rows = self.query(f"SELECT {columns} FROM invoice_lines WHERE run = ?", (self.run,))
+        events = read_journals(os.path.join(self.run_dir, "journal"))
+        return sorted(events + [Event(*row) for row in rows], key=lambda e: e.time)
 
     def final(self) -> dict[str, int]:
         """The committed state: ``{invoice: generation}``."""
-        with self._lock:
-            return dict(
-                execute(
-                    self.db, "SELECT invoice_id, generation FROM invoices WHERE job_id = ?", (JOB,)
-                )
-            )
+        sql = "SELECT invoice_id, generation FROM invoices WHERE job_id = ?"
+        return dict(self.query(sql, (JOB,)))
 
     def ledger(self) -> list[tuple[str, int, int]]:
-        """Invoices whose amount is not the sum of their committed charge lines: (invoice, amount, lines)."""
-        with self._lock:
-            return execute(
-                self.db,
-                """
-                SELECT i.invoice_id, i.amount, COALESCE(SUM(l.amount), 0) FROM invoices AS i
-                LEFT JOIN invoice_lines AS l ON l.invoice_id = i.invoice_id
-                WHERE i.job_id = ? GROUP BY i.invoice_id
-                HAVING i.amount != COALESCE(SUM(l.amount), 0) ORDER BY i.invoice_id""",
-                (JOB,),
-            )
+        """Invoices whose amount is not the sum of their committed lines: (invoice, amount, sum)."""
+        sql = """SELECT i.invoice_id, i.amount, COALESCE(SUM(l.amount), 0) FROM invoices AS i
+            LEFT JOIN invoice_lines AS l ON l.invoice_id = i.invoice_id WHERE i.job_id = ?
+            GROUP BY i.invoice_id HAVING i.amount != COALESCE(SUM(l.amount), 0) ORDER BY 1"""
+        return self.query(sql, (JOB,))
 
     def check(self):
-        """Run :func:`labkit.sim.history.check` over the history and the final state."""
+        """Run :func:`labkit.sim.check` over the history and the final state."""
         return check(self.history(), final=self.final())
+
+    def query(self, sql: str, params) -> list[tuple]:
+        """Run one read on a connection of its own (safe from any thread, and after :meth:`stop`)."""
+        db = connect(self.path)
+        try:
+            return execute(db, sql, params)
+        finally:
+            db.conn.close()
 
     # -- inside ------------------------------------------------------------------------
     def _check(self, name: str) -> str:
@@ -355,47 +284,53 @@ class Team:
         return name
 
     def _note(self, name, action, outcome, generation=None) -> None:
-        self.journal.append(Event(self.now(), name, action, outcome, generation))
+        if not self._closed:  # after stop, the journal's descriptor is closed
+            append(self.journal, Event(self.now(), name, action, outcome, generation))
 
     def _stop_now(self, name: str) -> bool:
-        pid = self.pid(name)
+        """SIGSTOP ``name`` and wait for state ``T``: False if it died, or if it did not stop
+        within ``STOP_TIMEOUT`` (then it is SIGKILLed and reaped)."""
+        pid, deadline = self.pid(name), _CLOCK.now() + STOP_TIMEOUT
         os.kill(pid, signal.SIGSTOP)
         while (state := proc_state(pid)) not in ("T", "t"):
             if state in (None, "Z", "X"):
                 return False
+            if _CLOCK.now() > deadline:
+                self._reap(name)
+                self._note(name, "crash", "unstoppable")
+                return False
             time.sleep(0.0005)
         return True
 
+    def _reap(self, name: str) -> None:
+        """SIGKILL ``name``'s process if it runs, wait for it, remove its scratch folder."""
+        proc = self.procs.get(name)
+        if proc is not None:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            self._frozen.pop(name, None)
+            if not self._closed:
+                self.board[self.names.index(name)] = IDLE
+        shutil.rmtree(self.scratch.pop(name, ""), ignore_errors=True)
+
     def _spawn(self, name: str) -> None:
         self.incarnation[name] += 1
-        number = self.incarnation[name]
+        number, slot = self.incarnation[name], self.names.index(name)
         self.counts["restarts"] += number > 1
         seed = Random(f"{self.seed}/{name}/{number}").randrange(2**32)
-        spec = WorkerSpec(
-            path=self.path,
-            run_dir=self.run_dir,
-            run=self.run,
-            slot=self.names.index(name),
-            name=name,
-            incarnation=number,
-            seed=seed,
-            t0=self.t0,
-            parent=os.getpid(),
-            **self.options,
-        )
-        self.board.set_phase(spec.slot, IDLE)
+        spec = replace(self.spec, slot=slot, name=name, incarnation=number, seed=seed)
+        self.scratch[name] = os.path.join(self.run_dir, "scratch", f"{name}.{number}")
+        os.makedirs(self.scratch[name])
         with open(os.path.join(self.run_dir, "logs", f"{name}.{number}.err"), "wb") as log:
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "labkit.processes.workers", json.dumps(asdict(spec))],
+                env={**os.environ, "LABKIT_SCRATCH": self.scratch[name]},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=log,
-                start_new_session=True,
-            )  # a Ctrl-C or kernel interrupt is the parent's to handle
-
-    def __repr__(self) -> str:
-        running = [n for n in self.procs if self.alive(n)]
-        return f"{type(self).__name__}(workers={self.names}, running={running}, path={self.path!r})"
+                start_new_session=True,  # a Ctrl-C or kernel interrupt is the parent's to handle
+            )
 
 
 @atexit.register

@@ -1,16 +1,7 @@
 """Lesson 08: the fenced file and the unfenced email.
 
-:func:`email_transfer`: the fence stops a stale worker's file write, but not
-its email to a provider that knows nothing of generations; the email intent
-goes through an :class:`~labkit.mechanisms.effects.Outbox` in the fenced transaction.
-Import it from :mod:`labkit.scenarios`.
-
-Example:
-    >>> from labkit.scenarios import email_transfer
-    >>> sorted(email_transfer(protected=False).kinds)
-    ['acted_after_expiry', 'duplicate_effect']
-    >>> email_transfer().violations
-    ()
+>>> sorted(email_transfer(protected=False).kinds), email_transfer().violations
+(['acted_after_expiry', 'duplicate_effect'], ())
 """
 
 from __future__ import annotations
@@ -18,35 +9,18 @@ from __future__ import annotations
 import os
 
 from labkit.mechanisms.effects import EmailProvider, FencedFileStore, Outbox
-from labkit.errors import StaleGeneration
+from labkit.errors import StaleGeneration, check_number
 from labkit.mechanisms.recovery import operation_key
 from labkit.sim.engine import scenario
 from labkit.sim.steps import with_tokens
 from labkit.sim.worker import JOB
-from labkit.errors import check_number
 
 __all__ = ["email_transfer"]
 
 
 @scenario
 def email_transfer(sim, *, protected, pause=30.0, ttl=10.0, relay_crashes=1):
-    """Lesson 08: the fenced file and the unfenced email.
-
-    Each run writes ``report.txt`` to a :class:`~labkit.mechanisms.effects.FencedFileStore`
-    and emails it through an :class:`~labkit.mechanisms.effects.EmailProvider` that knows
-    nothing of generations. A (7) pauses ``pause`` s before its step; B (8)
-    takes over and does the run. Unprotected, each worker sends its email
-    straight to the provider and then writes the file: A's file write bounces
-    off the fence, but A's email has already gone out. Protected, the email
-    intent goes into the :class:`~labkit.mechanisms.effects.Outbox` inside the fenced
-    transaction that writes the file, so A's intent is refused with its file;
-    a relay sends B's with the provider's idempotency key, crashing
-    ``relay_crashes`` times between sending and marking: still one email.
-
-    Knobs:
-        pause: A's stop before its step (s). ttl: the lease's length (s).
-        relay_crashes: how many times the relay crashes after sending, before marking (0 .. 5).
-    """
+    """Lesson 08: the fence stops a stale file write but not its email; the outbox stops both."""
     pause, ttl = check_number(pause, "pause"), check_number(ttl, "ttl", positive=True)
     crashes = check_number(relay_crashes, "relay_crashes", integer=True, high=5)
     folder = os.path.join(os.path.dirname(sim.path("resource")), "files")
@@ -56,7 +30,6 @@ def email_transfer(sim, *, protected, pause=30.0, ttl=10.0, relay_crashes=1):
     sim.layout.update({"files": "resource", "outbox": "resource", "provider_records": "provider"})
     with_tokens(sim)
     key = operation_key(JOB, "report-email")
-    state = {"finished": False}
 
     def step(w, generation, text):
         store, outbox = FencedFileStore(w.db, folder, JOB), Outbox(w.db, sim.clock)
@@ -74,10 +47,9 @@ def email_transfer(sim, *, protected, pause=30.0, ttl=10.0, relay_crashes=1):
             w.record("write", "rejected", generation=generation, target="report.txt")
             if protected:
                 w.record("email", "rejected", generation=generation, key=key, target="report-email")
-            return False
+            return
         w.record("raise", generation=generation, target=JOB)
         w.record("write", generation=generation, target="report.txt")
-        return True
 
     def run_a(w):
         lease = yield from w.acquire(ttl)
@@ -93,19 +65,14 @@ def email_transfer(sim, *, protected, pause=30.0, ttl=10.0, relay_crashes=1):
         yield w.env.timeout(1.0)
         yield from step(w, lease.generation, "report by B")
         yield from w.release(lease)
-        state["finished"] = True
 
     def relay(w):
         outbox, left = Outbox(w.db, sim.clock), crashes
-        while not (state["finished"] and not outbox.pending()):
+        while b.is_alive or outbox.pending():
             for row_key, _kind, payload, _generation in outbox.pending("email"):
-                sent = outbox.send(row_key, payload, provider)
-                w.record(
-                    "email",
-                    "duplicate" if sent.replayed else "ok",
-                    key=row_key,
-                    target="report-email",
-                )
+                sent = provider.deliver(payload, idempotency_key=row_key)
+                outcome = "duplicate" if sent.replayed else "ok"
+                w.record("email", outcome, key=row_key, target="report-email")
                 if left:
                     left -= 1
                     w.record("crash", target="between send and mark")
@@ -115,6 +82,6 @@ def email_transfer(sim, *, protected, pause=30.0, ttl=10.0, relay_crashes=1):
             yield w.env.timeout(1.0)
 
     sim.start(sim.worker("A", pauses={"before-step": pause}), run_a)
-    sim.start(sim.worker("B"), run_b)
+    b = sim.start(sim.worker("B"), run_b)
     if protected:
         sim.start(sim.worker("relay"), relay)

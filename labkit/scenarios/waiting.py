@@ -1,33 +1,44 @@
 """Lesson 06: waiting for a lease someone else holds.
 
-:func:`herd`: a crowd of contenders wakes when the lease is released (no
-backoff, full-jitter backoff, or a watch queue that wakes one at a time).
-:func:`stale_watch`: a watcher reconnects to a buffered notification and must
-recheck before acting. :func:`version_wait`: a protocol that compares no
-clocks (:class:`~labkit.mechanisms.timing.VersionLease`) still needs the fence. Import
-them from :mod:`labkit.scenarios`.
-
-Example:
-    >>> from labkit.scenarios import herd
-    >>> herd(protected=False, contenders=20).verdict
-    'none: 20 contenders made 152 attempts and 152 wake-ups for 8 grants'
-    >>> herd(contenders=20).verdict
-    'watch: 20 contenders made 9 attempts and 10 wake-ups for 9 grants'
+>>> herd(protected=False, contenders=20).verdict
+'none: 20 contenders made 152 attempts and 152 wake-ups for 8 grants'
+>>> herd(contenders=20).verdict
+'watch: 20 contenders made 9 attempts and 10 wake-ups for 9 grants'
 """
 
 from __future__ import annotations
 
+import itertools
+
 from labkit.db import execute, transaction
-from labkit.errors import BadArgument
-from labkit.sim.engine import scenario
-from labkit.sim.steps import amount, with_tokens, write_with_token
+from labkit.errors import BadArgument, check_number
 from labkit.mechanisms.timing import VersionLease, backoff
+from labkit.sim.engine import scenario
+from labkit.sim.steps import amount, with_tokens, write_each
 from labkit.sim.worker import LEASE
-from labkit.errors import check_number
 
 __all__ = ["herd", "stale_watch", "version_wait"]
 
-_STRATEGIES = ("none", "jitter", "watch")
+# One row per turn a contender takes (arriving, or waking up); the counts are SQL over it.
+_HERD_SQL = (
+    """CREATE TABLE herd_log (at REAL NOT NULL, worker TEXT NOT NULL, strategy TEXT NOT NULL,
+        woke INTEGER NOT NULL, attempted INTEGER NOT NULL, granted INTEGER NOT NULL)""",
+    """CREATE VIEW herd AS SELECT strategy, count(DISTINCT worker) AS contenders,
+        sum(attempted) AS attempts, sum(woke) AS wakeups, sum(granted) AS grants
+        FROM herd_log GROUP BY strategy""",
+    """CREATE VIEW herd_seconds AS SELECT CAST(at AS INTEGER) AS second,
+        sum(attempted) AS attempts, sum(woke) AS wakeups FROM herd_log GROUP BY second""",
+)
+_HERD_VERDICT = (
+    "{strategy}: {contenders} contenders made {attempts} attempts and {wakeups} wake-ups "
+    "for {grants} grants"
+)
+
+# stale_watch's queue: numbers from the lease's permanent counter, sessions kept by heartbeats.
+_NEXT_NUMBER = (
+    "UPDATE lease_counter SET generation = generation + 1 WHERE name = ? RETURNING generation"
+)
+_HEARTBEAT = "UPDATE waiters SET session_until = ? WHERE seq = ? AND session_until > ? RETURNING 1"
 
 
 @scenario
@@ -44,176 +55,97 @@ def herd(
     horizon=8.0,
     ttl=10.0,
 ):
-    """Lesson 06: ``contenders`` wake up when the lease is released; how many attempts and wake-ups?
+    """Lesson 06: ``contenders`` wake when the lease is released; how many attempts and wake-ups?
 
-    H holds the lease until t=1 and releases it; every contender then wants it,
-    and each winner holds it ``hold`` s and releases. Contenders give up
-    ``horizon`` s after the first release. Every attempt is a real
-    ``try_acquire`` on the authority. Unprotected (``"none"``): no backoff,
-    every loser retries every ``poll`` s in lockstep. Protected, ``strategy``:
-    ``"jitter"`` (losers sleep :func:`~labkit.mechanisms.timing.backoff`, full jitter,
-    ``base``/``cap``) or ``"watch"`` (contenders queue; each release wakes only
-    the next one). The counts are in ``tables["herd"]`` (one row) and
-    ``tables["herd_seconds"]`` (attempts and wake-ups per second).
-
-    Knobs:
-        contenders: how many want the lease (1 .. 5000). strategy: ``"jitter"`` or ``"watch"``.
-        hold: how long each winner holds (s). poll: the no-backoff retry interval (s).
-        base, cap: the backoff's first and largest window (s). horizon: how long contenders try (s).
-        ttl: the lease's length (s).
+    Unprotected, losers retry every ``poll`` s in lockstep; ``"jitter"`` backs off (full jitter,
+    ``base``/``cap``), ``"watch"`` wakes one waiter per release; all give up after ``horizon`` s.
+    ``tables["herd"]`` and ``tables["herd_seconds"]`` are SQL views counting ``herd_log``.
     """
     n = check_number(contenders, "contenders", integer=True, low=1, high=5000)
-    if strategy not in _STRATEGIES[1:]:
+    if strategy not in ("jitter", "watch"):
         raise BadArgument("strategy", f"must be 'jitter' or 'watch', got {strategy!r}")
-    hold, poll = (
-        check_number(hold, "hold", positive=True),
-        check_number(poll, "poll", positive=True),
-    )
+    hold = check_number(hold, "hold", positive=True)
+    poll = check_number(poll, "poll", positive=True)
     base, cap = check_number(base, "base", positive=True), check_number(cap, "cap", positive=True)
     horizon, ttl = check_number(horizon, "horizon"), check_number(ttl, "ttl", positive=True)
     used = strategy if protected else "none"
-    authority, env, rng = sim.authority, sim.env, sim.rng
-    released = 1.0
-    stats = {"attempts": 0, "wakeups": 0, "grants": 0}
-    seconds: dict[int, list[int]] = {}
-    queue: list = []  # watch: waiting contenders, in arrival order
-    holder = {"generation": None, "until": None}
+    authority, env, rng, db = sim.authority, sim.env, sim.rng, sim.database("resource")
+    released, queue = 1.0, []
+    with transaction(db):
+        for statement in _HERD_SQL:
+            execute(db, statement)
+    sim.layout.update(dict.fromkeys(("herd_log", "herd", "herd_seconds"), "resource"))
 
-    def count(what: str) -> None:
-        stats[what] += 1
-        seconds.setdefault(int(env.now), [0, 0])[what == "wakeups"] += 1
+    def log(name, woke, attempted=False, granted=False):
+        with transaction(db):
+            row = (env.now, name, used, int(woke), int(attempted), int(granted))
+            execute(db, "INSERT INTO herd_log VALUES (?, ?, ?, ?, ?, ?)", row)
 
-    def wake_next() -> None:
-        if used == "watch" and queue:  # watch: a release wakes only the next in line
-            count("wakeups")
+    def wake_next():
+        if used == "watch" and queue:  # a release wakes only the next in line
             queue.pop(0).succeed()
 
-    def hold_then_release(name: str, lease):
-        yield env.timeout(hold)
-        authority.release(lease)
-        sim.record(name, "release", generation=lease.generation, target=LEASE)
-        wake_next()
-
-    def attempt(name: str):
-        count("attempts")
+    def attempt(name):
         lease = authority.try_acquire(LEASE, name, ttl)
-        if lease is None:
-            sim.record(
-                name,
-                "acquire",
-                "held",
-                generation=holder["generation"],
-                target=LEASE,
-                until=holder["until"],
-            )
-            return None
-        holder.update(generation=lease.generation, until=lease.expires_at)
-        stats["grants"] += 1
-        sim.record(
-            name, "acquire", generation=lease.generation, target=LEASE, until=lease.expires_at
-        )
+        seen = lease or authority.current(LEASE)  # ours, or the holder's that refused us
+        fields = {"generation": seen.generation, "target": LEASE, "until": seen.expires_at}
+        sim.record(name, "acquire", "ok" if lease else "held", **fields)
+        log(name, woke=True, attempted=True, granted=lease is not None)
         return lease
 
-    def contender(name: str):
+    def contender(name):
         yield env.timeout(released)
-        tries = 0
-        while env.now <= released + horizon:
+        if used == "watch":
+            log(name, woke=False)  # arrives and joins the queue
+        for tries in itertools.count():
             if used == "watch":
-                woken = env.event()
-                queue.append(woken)
+                queue.append(woken := env.event())
                 yield woken
             elif tries:
-                yield env.timeout(
-                    poll if used == "none" else backoff(tries - 1, base=base, cap=cap, rng=rng)
-                )
+                wait = poll if used == "none" else backoff(tries - 1, base=base, cap=cap, rng=rng)
+                yield env.timeout(wait)
             if env.now > released + horizon:
+                if used == "watch":
+                    log(name, woke=True)  # woken too late: gives up without trying
                 return
-            if tries or used != "watch":
-                count("wakeups")
-            tries += 1
-            lease = attempt(name)
-            if lease is not None:
-                yield from hold_then_release(name, lease)
+            if (lease := attempt(name)) is not None:
+                yield env.timeout(hold)
+                authority.release(lease)
+                sim.record(name, "release", generation=lease.generation, target=LEASE)
+                wake_next()
                 return
 
     def first_holder(w):
         lease = yield from w.acquire(ttl)
-        holder.update(generation=lease.generation, until=lease.expires_at)
         yield env.timeout(released)
         yield from w.release(lease)
         wake_next()
 
-    def tally():
-        yield env.timeout(released + horizon + hold + 1.0)
-        db = sim.database("resource")
-        with transaction(db):
-            execute(
-                db,
-                "CREATE TABLE herd (strategy TEXT, contenders INTEGER, attempts INTEGER, "
-                "wakeups INTEGER, grants INTEGER)",
-            )
-            execute(
-                db,
-                "INSERT INTO herd VALUES (?, ?, ?, ?, ?)",
-                (used, n, stats["attempts"], stats["wakeups"], stats["grants"]),
-            )
-            execute(
-                db, "CREATE TABLE herd_seconds (second INTEGER, attempts INTEGER, wakeups INTEGER)"
-            )
-            for second, (attempts, wakeups) in sorted(seconds.items()):
-                execute(
-                    db, "INSERT INTO herd_seconds VALUES (?, ?, ?)", (second, attempts, wakeups)
-                )
-
     sim.start(sim.worker("H"), first_holder)
     for i in range(n):
         env.process(contender(f"c{i + 1}"))
-    env.process(tally())
-    sim.layout.update({"herd": "resource", "herd_seconds": "resource"})
 
-    def wording(history, violations, tables):
-        row = tables["herd"][0]
-        return (
-            f"{used}: {row['contenders']} contenders made {row['attempts']} attempts and "
-            f"{row['wakeups']} wake-ups for {row['grants']} grants"
-        )
-
-    return wording
+    return lambda history, violations, tables: _HERD_VERDICT.format(**tables["herd"][0])
 
 
 @scenario
 def stale_watch(sim, *, protected, outage=6.0, session=3.0):
-    """Lesson 06: a watcher reconnects, receives a stale notification, and must recheck before acting.
-
-    A queue lock: each contender joins with a number from the permanent counter
-    (its fencing token) and a session kept alive by heartbeats; the holder is
-    the lowest live number; each waiter watches its predecessor. A (7) holds,
-    W (8) watches A, X (9) watches W. W's network drops at t=2 for ``outage``
-    s: its session (``session`` s) expires, its entry is removed, and X moves
-    up. A releases at t=6 and X takes over. When W reconnects it receives the
-    buffered "A is gone". Unprotected, W takes that as its turn and writes with
-    8 (no fence). Protected, W rechecks the queue, finds its entry gone, joins
-    again and waits; writes go through the fence.
-
-    Knobs:
-        outage: how long W's network is down (s). session: a session's lifetime without heartbeats (s).
-    """
-    outage, session = (
-        check_number(outage, "outage"),
-        check_number(session, "session", positive=True),
-    )
+    """Lesson 06: a watcher acts on a notification kept over its outage; it must recheck first."""
+    outage = check_number(outage, "outage")
+    session = check_number(session, "session", positive=True)
     db, env = sim.database("authority"), sim.env
-    with transaction(db):
-        execute(
-            db,
-            "CREATE TABLE waiters (seq INTEGER PRIMARY KEY, worker TEXT NOT NULL, "
-            "session_until REAL NOT NULL)",
-        )
-    sim.layout["waiters"] = "authority"
     watchers: dict[int, list] = {}  # seq watched -> [(worker name, event)]
     offline: dict[str, list] = {}  # worker -> notifications buffered while offline
 
-    def notify(seq: int) -> None:
+    def sql(statement, *params):  # one statement in its own transaction
+        with transaction(db):
+            return execute(db, statement, params)
+
+    sql("""CREATE TABLE waiters (seq INTEGER PRIMARY KEY, worker TEXT NOT NULL,
+        session_until REAL NOT NULL)""")
+    sim.layout["waiters"] = "authority"
+
+    def notify(seq):
         for name, event in watchers.pop(seq, []):
             if name in offline:
                 offline[name].append(event)
@@ -222,74 +154,45 @@ def stale_watch(sim, *, protected, outage=6.0, session=3.0):
 
     def reaper():
         while env.now < 2.0 + outage + 12.0:
-            with transaction(db):
-                gone = execute(
-                    db, "DELETE FROM waiters WHERE session_until <= ? RETURNING seq", (env.now,)
-                )
-            for (seq,) in gone:
+            expired = "DELETE FROM waiters WHERE session_until <= ? RETURNING seq"
+            for (seq,) in sql(expired, env.now):
                 sim.record("authority", "notify", target=f"session of {seq} expired")
                 notify(seq)
             yield env.timeout(0.5)
 
-    def join(w) -> int:
+    def join(w):
         """Take the next number, enter the queue with a new session, and keep that session alive."""
         with transaction(db):
-            seq = execute(
-                db,
-                "INSERT INTO lease_counter(name, generation) VALUES (?, 1) ON CONFLICT(name) "
-                "DO UPDATE SET generation = generation + 1 RETURNING generation",
-                (LEASE,),
-            )[0][0]
+            seq = execute(db, _NEXT_NUMBER, (LEASE,))[0][0]
             execute(db, "INSERT INTO waiters VALUES (?, ?, ?)", (seq, w.name, env.now + session))
         env.process(heartbeats(w, seq))
         return seq
 
     def heartbeats(w, seq):
-        while True:
-            if w.name not in offline:
-                with transaction(db):
-                    alive = execute(
-                        db,
-                        "UPDATE waiters SET session_until = ? WHERE seq = ? "
-                        "AND session_until > ? RETURNING seq",
-                        (env.now + session, seq, env.now),
-                    )
-                if not alive:
-                    return
+        """Every second while online, extend the session; stop once the entry is gone."""
+        while w.name in offline or sql(_HEARTBEAT, env.now + session, seq, env.now):
             yield env.timeout(1.0)
-
-    def lower(seq: int):
-        rows = execute(
-            db, "SELECT max(seq) FROM waiters WHERE seq < ? AND session_until > ?", (seq, env.now)
-        )
-        return rows[0][0]
 
     def take_turn(w, invoices, work=1.0):
         seq = join(w)
         while True:
-            if not execute(
-                db, "SELECT 1 FROM waiters WHERE seq = ? AND session_until > ?", (seq, env.now)
-            ):
+            mine = "SELECT 1 FROM waiters WHERE seq = ? AND session_until > ?"
+            if not execute(db, mine, (seq, env.now)):
                 seq = join(w)  # our session expired: join again, with a new number
                 continue
-            before = lower(seq)
-            if before is None:
-                w.record(
-                    "acquire", "ok", generation=seq, target=LEASE
-                )  # lowest live number: our turn
+            live = "SELECT max(seq) FROM waiters WHERE seq < ? AND session_until > ?"
+            before = execute(db, live, (seq, env.now))[0][0]
+            if before is None:  # the lowest live number: our turn
+                w.record("acquire", "ok", generation=seq, target=LEASE)
                 break
             event = env.event()
             watchers.setdefault(before, []).append((w.name, event))
             how = yield event
-            sim.record(w.name, "notify", generation=seq, target=f"{before} is gone ({how})")
+            w.record("notify", generation=seq, target=f"{before} is gone ({how})")
             if how == "replayed" and not protected:
                 break  # a notification kept over the outage, taken as the turn
-        w.read(list(invoices))
-        for invoice in invoices:
-            yield env.timeout(work)
-            yield from write_with_token(w, invoice, amount(w, 100), seq, fenced=protected)
-        with transaction(db):
-            left = execute(db, "DELETE FROM waiters WHERE seq = ? RETURNING seq", (seq,))
+        yield from write_each(w, invoices, seq, fenced=protected, base=100, every=work)
+        left = sql("DELETE FROM waiters WHERE seq = ? RETURNING seq", seq)
         w.record("release", "ok" if left else "lost", generation=seq, target=LEASE)
         notify(seq)
 
@@ -303,39 +206,20 @@ def stale_watch(sim, *, protected, outage=6.0, session=3.0):
                 event.succeed("replayed")
         w.record("resume", target="network back")
 
-    a, w_, x = sim.worker("A"), sim.worker("W"), sim.worker("X")
     with_tokens(sim)
     env.process(reaper())
-    sim.start(a, take_turn, ("INV-1", "INV-2"), work=3.0)
-    sim.start(w_, take_turn, ("INV-1", "INV-2"), at=0.5)
-    env.process(network(w_))
-    sim.start(x, take_turn, ("INV-1", "INV-2", "INV-3"), at=1.0)
+    sim.start(sim.worker("A"), take_turn, ("INV-1", "INV-2"), work=3.0)
+    sim.start(w := sim.worker("W"), take_turn, ("INV-1", "INV-2"), at=0.5)
+    env.process(network(w))
+    sim.start(sim.worker("X"), take_turn, ("INV-1", "INV-2", "INV-3"), at=1.0)
 
 
 @scenario
 def version_wait(sim, *, protected, pause=30.0, duration=10.0, heartbeat=3.0, offset=0.0):
-    """Lesson 06: the version-wait protocol compares no clocks, and still needs the fence.
-
-    :class:`~labkit.mechanisms.timing.VersionLease`: A claims (generation 7) and bumps the
-    record's version every ``heartbeat`` s, until it pauses at t=4 for
-    ``pause`` s. B observes the version, waits the record's ``duration`` on its
-    own clock (``offset`` s away from everyone's: it does not matter) and
-    claims only if the version did not move; else it observes again. A wakes
-    up and writes INV-1 with 7. Unprotected, writes are plain upserts and A's
-    lands on B's run; protected, they go through the fence and A's bounces.
-
-    Knobs:
-        pause: A's stop (s). duration: the lease duration stored in the record (s).
-        heartbeat: A's version bumps (s). offset: B's clock offset (s).
-    """
-    pause, duration = (
-        check_number(pause, "pause"),
-        check_number(duration, "duration", positive=True),
-    )
-    heartbeat, offset = (
-        check_number(heartbeat, "heartbeat", positive=True),
-        check_number(offset, "offset"),
-    )
+    """Lesson 06: version-wait compares no clocks, yet a paused holder still needs the fence."""
+    pause, offset = check_number(pause, "pause"), check_number(offset, "offset")
+    duration = check_number(duration, "duration", positive=True)
+    heartbeat = check_number(heartbeat, "heartbeat", positive=True)
     setup = VersionLease(sim.database("authority"), sim.clock)
     for n in range(6):  # six earlier holders, each released
         setup.release(setup.claim(setup.observe(LEASE), f"earlier-{n + 1}", duration=duration))
@@ -344,25 +228,22 @@ def version_wait(sim, *, protected, pause=30.0, duration=10.0, heartbeat=3.0, of
     def run_a(w):
         leases = VersionLease(w.connection("authority"), w.clock)
         mine = leases.claim(leases.observe(LEASE), "A", duration=duration)
-        w.record("acquire", generation=mine.generation, target=LEASE)
+        g = mine.generation  # a heartbeat moves the version, never the generation
+        w.record("acquire", generation=g, target=LEASE)
         w.read(["INV-1"])
         beats = [t for t in (heartbeat * k for k in range(1, 100)) if t < 4.0]
         for t in beats:  # alive and working until t=4
             yield w.env.timeout(t - w.env.now)
             mine = leases.heartbeat(mine)
-            w.record("renew", generation=mine.generation, target=LEASE)
+            w.record("renew", generation=g, target=LEASE)
         yield w.env.timeout(4.0 - w.env.now)
         yield from w.pause(pause, "gc")
-        yield from write_with_token(w, "INV-1", amount(w, 100), mine.generation, fenced=protected)
+        yield from w.write("INV-1", amount(w, 100), g, fenced=protected)
         alive = leases.heartbeat(mine)
-        w.record("renew", "ok" if alive else "lost", generation=mine.generation, target=LEASE)
+        w.record("renew", "ok" if alive else "lost", generation=g, target=LEASE)
         if alive:
-            w.record(
-                "release",
-                "ok" if leases.release(alive) else "lost",
-                generation=mine.generation,
-                target=LEASE,
-            )
+            outcome = "ok" if leases.release(alive) else "lost"
+            w.record("release", outcome, generation=g, target=LEASE)
 
     def run_b(w):
         leases = VersionLease(w.connection("authority"), w.clock)
@@ -374,17 +255,12 @@ def version_wait(sim, *, protected, pause=30.0, duration=10.0, heartbeat=3.0, of
             if mine is not None:
                 break
             w.record("acquire", "held", generation=seen.generation, target=LEASE)
-        w.record("acquire", generation=mine.generation, target=LEASE)
+        g = mine.generation
+        w.record("acquire", generation=g, target=LEASE)
         if protected:
-            yield from w.raise_fence(mine.generation)
-        w.read(["INV-1", "INV-2"])
-        for invoice in ("INV-1", "INV-2"):
-            yield w.env.timeout(1.0)
-            yield from write_with_token(
-                w, invoice, amount(w, 200), mine.generation, fenced=protected
-            )
-        released = leases.release(mine)
-        w.record("release", "ok" if released else "lost", generation=mine.generation, target=LEASE)
+            yield from w.raise_fence(g)
+        yield from write_each(w, ("INV-1", "INV-2"), g, fenced=protected)
+        w.record("release", "ok" if leases.release(mine) else "lost", generation=g, target=LEASE)
 
     with_tokens(sim)
     sim.start(sim.worker("A"), run_a)

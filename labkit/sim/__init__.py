@@ -1,10 +1,8 @@
 """The scenario engine: simulated workers on simpy, each with its own connection to real SQLite.
 
-* :mod:`labkit.sim.engine`: :class:`Sim`, :class:`Result`, :func:`scenario`, :func:`play`.
-* :mod:`labkit.sim.worker`: a simulated worker and its faults (pauses, latency, lost replies, crashes).
-* :mod:`labkit.sim.history`: the history of attempts and the checker that reads it.
-* :mod:`labkit.sim.steps`, :mod:`labkit.sim.files`, :mod:`labkit.sim.verdict`:
-  the steps scenarios share, their scratch files, and their one-line verdict.
+:mod:`~labkit.sim.engine` runs scenarios, :mod:`~labkit.sim.worker` is one worker and its
+faults, :mod:`~labkit.sim.history` the events and their checker; :mod:`~labkit.sim.steps`,
+:mod:`~labkit.sim.files` and :mod:`~labkit.sim.verdict` serve them.
 """
 
 from labkit.sim.engine import SCENARIOS, Result, Sim, play, scenario

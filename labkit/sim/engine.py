@@ -1,23 +1,13 @@
-"""The scenario engine: simulated workers on simpy, acting on real SQLite files.
+"""The scenario engine: simulated workers on simpy (virtual time), acting on real SQLite files.
 
-A :class:`Sim` owns a ``simpy.Environment`` (virtual time), a temporary folder of
-real SQLite files (:mod:`labkit.sim.files`), one seeded ``random.Random`` and the
-history. The lease authority is one :class:`~labkit.LeaseAuthority` reading the
-simulation's time. Each :class:`~labkit.sim.worker.Worker` runs a plain generator
-function with its OWN connection to the resource database, so the waiting you
-see is the waiting SQLite really imposed; its faults (pauses and crashes at
-named points, message latency, lost responses, a skewed clock) are planned
-when it is made (see :mod:`labkit.sim.worker`).
+A :class:`Sim` holds the simpy environment, a folder of real SQLite files, one
+seeded rng, a :class:`~labkit.LeaseAuthority` on virtual time and the history.
+A scenario has this shape (every scenario in :mod:`labkit.scenarios` has)::
 
-Writing a scenario (the shape every scenario in :mod:`labkit.scenarios` has)::
-
-    from labkit.errors import check_number
     from labkit.sim import scenario
 
     @scenario
     def stale_writer(sim, *, protected, pause=30.0, ttl=10.0):
-        \"\"\"A pauses after reading; B takes over; A writes on resume.\"\"\"
-        pause, ttl = check_number(pause, "pause"), check_number(ttl, "ttl", positive=True)
         a = sim.worker("A", pauses={"after-read": pause})
         b = sim.worker("B")
 
@@ -34,69 +24,32 @@ Writing a scenario (the shape every scenario in :mod:`labkit.scenarios` has)::
         sim.start(a, run_a)
         sim.start(b, run_b, at=1.0)
 
-    result = stale_writer(protected=False)   # -> Result; stale_writer.knobs == {"pause": 30.0, "ttl": 10.0}
+    result = stale_writer(protected=False)   # a Result; knobs: {"pause": 30.0, "ttl": 10.0}
 
-:func:`scenario` turns the builder into ``f(*, protected=True, seed=0, **knobs)
--> Result``: it rejects unknown knobs (``BadArgument``), makes the ``Sim``,
-runs it to the end, reads the tables from the real files, runs
-:func:`labkit.check` on the history and writes the verdict
-(:func:`~labkit.sim.verdict.describe`). The builder may return a function
-``(history, violations, tables) -> str | None`` to word the verdict itself.
-Every registered scenario is in :data:`SCENARIOS`.
-
-:func:`play` runs a scenario paced in wall-clock time instead (``factor``
-wall seconds per virtual second, on ``simpy.rt.RealtimeEnvironment``) and
-calls ``step(sim)`` as it goes: the live replay in :mod:`labkit.views.widgets`
-draws from there.
+:func:`play` runs a scenario, optionally paced in wall-clock time for the live replay.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from random import Random
 import shutil
 from dataclasses import dataclass
+from random import Random
 from typing import Any, Callable
 
 import simpy
 import simpy.rt
 
 from labkit.db import check_name, execute, quote
-from labkit.errors import BadArgument, BadArgumentType
-from labkit.sim.history import Event, check
+from labkit.errors import BadArgument, BadArgumentType, check_number
 from labkit.lease import LeaseAuthority
 from labkit.sim.files import connect_file, new_folder
+from labkit.sim.history import Event, check
 from labkit.sim.verdict import describe
-from labkit.errors import check_number
-from labkit.sim.worker import (
-    JOB,
-    LEASE,
-    TICK,
-    Crashed,
-    LocalClock,
-    NoResponse,
-    Worker,
-    upsert_invoice,
-)
+from labkit.sim.worker import TICK, Crashed, LocalClock, Worker
 
-__all__ = [
-    "Sim",
-    "Worker",
-    "Result",
-    "scenario",
-    "check_number",
-    "SCENARIOS",
-    "SimClock",
-    "LocalClock",
-    "Crashed",
-    "NoResponse",
-    "upsert_invoice",
-    "describe",
-    "JOB",
-    "LEASE",
-    "TICK",
-]
+__all__ = ["Sim", "Result", "scenario", "play", "SCENARIOS"]
 
 #: every scenario made with :func:`scenario`, by name
 SCENARIOS: dict[str, Callable[..., "Result"]] = {}
@@ -104,14 +57,9 @@ SCENARIOS: dict[str, Callable[..., "Result"]] = {}
 
 @dataclass(frozen=True, slots=True)
 class Result:
-    """What one run of a scenario did.
-
-    Attributes:
-        params: every knob it ran with, plus ``protected`` and ``seed``.
-        history: the tuple of :class:`~labkit.sim.history.Event` records, in order.
-        tables: table name -> list of row dicts, read from the real SQLite files at the end.
-        violations: the tuple of :class:`~labkit.sim.history.Violation` that :func:`labkit.check` found.
-        verdict: one line a student can read.
+    """What one run of a scenario did: ``params`` (the knobs, ``protected`` and ``seed``),
+    ``history`` (a tuple of events), ``tables`` (name -> row dicts, read from the real files
+    at the end), ``violations`` (what :func:`labkit.check` found) and a one-line ``verdict``.
     """
 
     params: dict
@@ -132,38 +80,20 @@ class Result:
         return {v.kind for v in self.violations}
 
 
-class SimClock:
-    """The authority's clock: ``now()`` is the simulation's virtual time ``env.now``."""
-
-    def __init__(self, env: simpy.Environment) -> None:
-        self.env = env
-
-    def now(self) -> float:
-        """Return ``env.now``."""
-        return float(self.env.now)
-
-    def __repr__(self) -> str:
-        return f"SimClock(now={self.env.now:g})"
-
-
 def _generations(tables: dict) -> dict:
     """The final state a run is checked against: ``invoice_id -> generation``."""
     return {r["invoice_id"]: r["generation"] for r in tables.get("invoices", [])}
 
 
 class Sim:
-    """One simulation run: virtual time, real SQLite files in a temp folder, a seeded rng, a history.
+    """One run: virtual time, real SQLite files in a temp folder, a seeded rng, a history.
 
     Attributes:
-        env: the ``simpy.Environment`` (or ``simpy.rt.RealtimeEnvironment`` when ``factor`` is given).
-        rng: ``Random(seed)``; the only randomness a scenario may use.
-        clock: the authority's :class:`SimClock`.
-        authority: the :class:`~labkit.LeaseAuthority` on the ``authority`` database.
-        history: the list of :class:`~labkit.sim.history.Event` appended so far.
-        tick: virtual seconds between retries of a locked database.
-        layout: table name -> database name, for :meth:`tables` (e.g. ``{"invoices": "resource"}``).
-        final: ``tables -> final state``, what :meth:`result` checks the history against
-            (default ``invoice_id -> generation``; a scenario with other tokens replaces it).
+        env: the ``simpy.Environment`` (realtime, paced, when ``factor`` is given).
+        rng: ``Random(seed)``, the only randomness a scenario may use.
+        clock, authority: the virtual time ``env.now``, and the lease authority reading it.
+        layout: table name -> database name, for :meth:`tables`.
+        final: ``tables -> final state`` that :meth:`result` checks against (invoice -> generation).
 
     Example:
         >>> with Sim(seed=0) as sim:
@@ -174,41 +104,26 @@ class Sim:
         [('A', 'acquire', 'ok', 1)]
     """
 
-    def __init__(
-        self,
-        *,
-        seed: int = 0,
-        factor: float | None = None,
-        tick: float = TICK,
-        earlier_holders: int = 0,
-    ) -> None:
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise BadArgumentType("seed", f"must be an int, got {type(seed).__name__}")
-        self.tick = check_number(tick, "tick", positive=True)
+    def __init__(self, *, seed: int = 0, factor: float | None = None, earlier_holders: int = 0):
+        self.rng = Random(check_number(seed, "seed", integer=True, signed=True))
         if factor is None:
             self.env = simpy.Environment()
         else:
-            self.env = simpy.rt.RealtimeEnvironment(
-                factor=check_number(factor, "factor", positive=True), strict=False
-            )
-        self.rng = Random(seed)
-        self.clock = SimClock(self.env)
+            factor = check_number(factor, "factor", positive=True)
+            self.env = simpy.rt.RealtimeEnvironment(factor=factor, strict=False)
+        self.clock = LocalClock(self.env)
+        self.tick = TICK
         self.history: list[Event] = []
         self.workers: dict[str, Worker] = {}
         self.processes: dict[str, simpy.Process] = {}
-        self.layout = {
-            "invoices": "resource",
-            "job_fence": "resource",
-            "idempotency_keys": "resource",
-            "leases": "authority",
-            "lease_counter": "authority",
-        }
+        self.layout = dict.fromkeys(("invoices", "job_fence", "idempotency_keys"), "resource")
+        self.layout.update(dict.fromkeys(("leases", "lease_counter"), "authority"))
         self.final: Callable[[dict], dict] = _generations
+        self.epochs = False  # do invoices carry an epoch? (see labkit.sim.steps.with_tokens)
         self._dir = new_folder(check_number(earlier_holders, "earlier_holders", integer=True))
         self._admin: dict[str, Any] = {}
         self.authority = LeaseAuthority(self.database("authority"), self.clock)
 
-    # -- databases -------------------------------------------------------------------
     def path(self, name: str) -> str:
         """The file path of database ``name`` inside the sim's temp folder."""
         check_name(name, "name")
@@ -217,7 +132,7 @@ class Sim:
         return str(self._dir / f"{name}.db")
 
     def connect(self, name: str = "resource"):
-        """A new connection to database ``name`` (``busy_timeout_ms=0``: a locked database answers at once)."""
+        """A new connection to database ``name``; a locked database answers at once (``Busy``)."""
         return connect_file(self.path(name))
 
     def database(self, name: str = "resource"):
@@ -236,7 +151,6 @@ class Sim:
             out[table] = [dict(zip(cols, r)) for r in rows]
         return out
 
-    # -- workers, processes and the history ---------------------------------------------
     def worker(self, name: str, **faults) -> Worker:
         """Create worker ``name`` with its own connections; ``faults`` as for :class:`Worker`."""
         name = check_name(name, "name")
@@ -245,13 +159,10 @@ class Sim:
         self.workers[name] = Worker(self, name, **faults)
         return self.workers[name]
 
-    def start(
-        self, worker: Worker, body: Callable, *args, at: float = 0.0, **kwargs
-    ) -> simpy.Process:
+    def start(self, worker: Worker, body: Callable, *args, at: float = 0.0, **kwargs):
         """Run ``body(worker, *args, **kwargs)`` (a generator function) from virtual time ``at``.
 
-        A :class:`Crashed` or ``simpy.Interrupt`` that escapes the body ends that
-        worker for good (its open transaction has rolled back) and is recorded.
+        A :class:`Crashed` or ``simpy.Interrupt`` escaping the body ends that worker for good.
         """
         at = check_number(at, "at")
 
@@ -260,10 +171,10 @@ class Sim:
                 yield self.env.timeout(at - self.env.now)
             try:
                 return (yield from body(worker, *args, **kwargs))
-            except (Crashed, simpy.Interrupt) as exc:
-                if not isinstance(exc, Crashed):  # a Crashed was recorded where it was raised
-                    worker.record("crash", "ok", target=str(getattr(exc, "cause", "")) or None)
-                return None
+            except Crashed:
+                pass  # recorded where it was raised
+            except simpy.Interrupt as exc:
+                worker.record("crash", "ok", target=str(exc.cause) or None)
 
         self.processes[worker.name] = self.env.process(life())
         return self.processes[worker.name]
@@ -280,23 +191,9 @@ class Sim:
 
         self.env.process(nemesis())
 
-    def record(
-        self,
-        worker: str,
-        action: str,
-        outcome: str = "ok",
-        *,
-        generation=None,
-        key=None,
-        target=None,
-        until=None,
-    ) -> Event:
-        """Append ``Event(now, worker, action, outcome, ...)`` to the history and return it.
-
-        Workers record through :meth:`Worker.record`; a participant that is not a
-        worker (an operator, a sweeper's notification, a crowd of contenders) records here.
-        """
-        event = Event(float(self.env.now), worker, action, outcome, generation, key, target, until)
+    def record(self, worker: str, action: str, outcome: str = "ok", **fields) -> Event:
+        """Append ``Event(now, worker, action, outcome, **fields)`` to the history and return it."""
+        event = Event(float(self.env.now), worker, action, outcome, **fields)
         self.history.append(event)
         return event
 
@@ -304,17 +201,15 @@ class Sim:
         """Run until nothing is scheduled (or until virtual time ``until``)."""
         self.env.run(until=until)
 
-    # -- the end ------------------------------------------------------------------------
     def result(self, params: dict, wording: Callable | None = None) -> Result:
-        """Read the tables, check the history and return the frozen :class:`Result`."""
+        """Read the tables, check the history, word the verdict: the frozen :class:`Result`."""
         tables = self.tables()
-        final = self.final(tables)
         history = tuple(self.history)
-        violations = tuple(check(history, final=final))
-        verdict = (wording(history, violations, tables) if wording else None) or describe(
-            history, violations
+        violations = tuple(check(history, final=self.final(tables)))
+        verdict = wording and wording(history, violations, tables)
+        return Result(
+            dict(params), history, tables, violations, verdict or describe(history, violations)
         )
-        return Result(dict(params), history, tables, violations, verdict)
 
     def close(self) -> None:
         """Close every connection (rolling back open transactions) and delete the temp folder."""
@@ -336,15 +231,11 @@ class Sim:
 
 
 def scenario(builder: Callable) -> Callable[..., Result]:
-    """Make ``builder(sim, *, protected, **knobs)`` into ``f(*, protected=True, seed=0, **knobs) -> Result``.
+    """Make ``builder(sim, *, protected, **knobs)`` a scenario ``f(*, protected, seed, **knobs)``.
 
-    The knobs and their defaults are read from the builder's keyword-only
-    parameters and kept in ``f.knobs``; ``f.build`` is the builder (used by
-    the live replay). The function is registered in :data:`SCENARIOS`.
-
-    Raises (from the returned function):
-        BadArgument: an unknown knob, or a knob the builder rejects (named).
-        BadArgumentType: ``protected`` not a bool, ``seed`` not an int.
+    The knobs are the builder's keyword-only parameters, kept in ``f.knobs``, and
+    ``f`` is registered in :data:`SCENARIOS`. The builder may return
+    ``wording(history, violations, tables) -> str | None`` for the verdict.
     """
     params = inspect.signature(builder).parameters
     knobs = {
@@ -355,17 +246,11 @@ def scenario(builder: Callable) -> Callable[..., Result]:
     def run(*, protected: bool = True, seed: int = 0, **given) -> Result:
         return play(run, protected=protected, seed=seed, **given)
 
-    run.knobs = dict(knobs)
-    run.build = builder
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    defaults = {"protected": True, "seed": 0, **knobs}
+    run.knobs, run.build = dict(knobs), builder
     run.__signature__ = inspect.Signature(
-        [
-            inspect.Parameter("protected", inspect.Parameter.KEYWORD_ONLY, default=True),
-            inspect.Parameter("seed", inspect.Parameter.KEYWORD_ONLY, default=0),
-        ]
-        + [
-            inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=v)
-            for k, v in knobs.items()
-        ],
+        [inspect.Parameter(k, keyword, default=v) for k, v in defaults.items()],
         return_annotation=Result,
     )
     SCENARIOS[builder.__name__] = run
@@ -382,10 +267,10 @@ def play(
     every: float = 1.0,
     **given,
 ) -> Result:
-    """Run scenario ``f`` once; optionally paced (``factor`` wall s per virtual s) with ``step(sim)`` callbacks.
+    """Run scenario ``f`` once and return its :class:`Result`; unknown knobs are a ``BadArgument``.
 
-    ``step`` is called every ``every`` virtual seconds while the run goes on,
-    and once at the end (the live replay redraws from it).
+    With ``factor`` wall seconds per virtual second, and ``step(sim)`` called every
+    ``every`` virtual seconds and at the end (the live replay draws from it).
     """
     if not isinstance(protected, bool):
         raise BadArgumentType("protected", f"must be True or False, got {type(protected).__name__}")

@@ -1,21 +1,16 @@
 """Histories: what every worker tried and what the database or authority answered.
 
-Scenarios, the chaos run and the live demo all append :class:`Event` records;
-:func:`check` reads them back and reports violations. The checker looks only
-at outcomes the system gave (``ok`` means committed) and at the order and
-tokens of attempts, never at a label a scenario wrote about itself.
+:func:`check` reads only the answers the system gave (``ok`` means committed)
+and the order and tokens of attempts. Vocabulary (``action``: ``outcome``):
 
-Vocabulary (``action`` / ``outcome``):
-
-* ``acquire``, ``renew``: ``ok`` (with ``until`` = expiry at the authority), ``held``, ``lost``.
-* ``release``: ``ok`` or ``lost``.
-* ``write`` (an effect on a protected resource, ``target`` = what it changed,
-  ``key`` = the operation key if any), ``email``, ``charge``: ``ok`` (committed or sent),
-  ``rejected`` (stopped by a fence, lease check or CAS), ``duplicate`` (stopped by a key),
-  ``crashed``/``aborted`` (rolled back).
-* ``read`` (``ok``: the worker saw ``target``'s committed state), ``raise`` (``ok``: the
-  fence was raised to ``generation`` and committed): the checker uses them to order a
-  successor's first action and a writer's view; ``wait``, ``pause``, ``resume``, ``crash``: informational.
+* ``acquire``, ``renew``: ``ok`` (``until`` = the expiry at the authority), ``held``, ``lost``;
+  ``release``: ``ok`` or ``lost``.
+* :data:`EFFECTS` (``write``, ``email``, ``charge``; ``target`` = what changed, ``key`` = the
+  operation key): ``ok``, ``rejected`` (a fence, lease check or CAS), ``duplicate`` (a key),
+  ``crashed`` or ``aborted`` (rolled back).
+* ``read`` (``ok``: saw ``target``'s committed state) and ``raise`` (``ok``: the fence committed
+  at ``generation``) order a successor's first action and a writer's view; ``wait``, ``pause``,
+  ``resume`` and ``crash`` are informational.
 """
 
 from __future__ import annotations
@@ -46,8 +41,7 @@ class Event:
     Attributes:
         time: when the answer came (simulated or real seconds).
         worker: who tried, e.g. ``"A"``.
-        action: what was tried (see the module docstring).
-        outcome: what the system answered; ``"ok"`` means it took effect.
+        action, outcome: what was tried and what the system answered (``"ok"``: it took effect).
         generation: the token the worker acted with (int or (epoch, n)), or None.
         key: the operation key, if any (idempotency), else None.
         target: what was leased or changed, e.g. ``"invoice-run"`` or ``"INV-1"``.
@@ -66,25 +60,23 @@ class Event:
 
 @dataclass(frozen=True, slots=True)
 class Violation:
-    """A broken safety property, with the event that broke it.
-
-    Attributes:
-        kind: one of ``VIOLATION_KINDS``.
-        event: the offending event.
-        message: one line a student can read.
-    """
+    """A broken safety property: its ``kind`` (see VIOLATION_KINDS), ``event`` and ``message``."""
 
     kind: str
     event: Event
     message: str
 
 
-def _order(generation) -> tuple[int, int]:
-    return token(generation)
+def _is_token(value) -> bool:
+    try:
+        token(value)
+    except LabkitError:
+        return False
+    return True
 
 
-def _checked(history: Iterable[Event]) -> list[Event]:
-    """The events in time order, each checked: a finite time, and a token or None as generation."""
+def _checked(history: Iterable[Event], final) -> list[Event]:
+    """The events in time order (stable), after checking them and ``final``."""
     if isinstance(history, (str, bytes, Mapping)) or not hasattr(history, "__iter__"):
         raise BadArgumentType(
             "history", f"must be an iterable of Event, got {type(history).__name__}"
@@ -93,53 +85,42 @@ def _checked(history: Iterable[Event]) -> list[Event]:
     for i, e in enumerate(events):
         if not isinstance(e, Event):
             raise BadArgumentType("history", f"event {i} must be an Event, got {type(e).__name__}")
-        if (
-            isinstance(e.time, bool)
-            or not isinstance(e.time, (int, float))
-            or not math.isfinite(e.time)
-        ):
+        what = f"event {i} ({e.worker} {e.action}) has"
+        time = e.time
+        if isinstance(time, bool) or not isinstance(time, (int, float)) or not math.isfinite(time):
+            raise BadArgument("history", f"{what} time {time!r}, not a finite number")
+        if e.generation is not None and not _is_token(e.generation):
             raise BadArgument(
                 "history",
-                f"event {i} ({e.worker} {e.action}) has time {e.time!r}, not a finite number",
+                f"{what} generation {e.generation!r}, not an int or an (epoch, counter) pair",
             )
-        if e.generation is not None:
-            try:
-                token(e.generation)
-            except LabkitError:
+    if final is not None:
+        if not isinstance(final, Mapping):
+            raise BadArgumentType(
+                "final", f"must be a mapping {{target: generation}}, got {type(final).__name__}"
+            )
+        for target, value in final.items():
+            if value is not None and not _is_token(value):
                 raise BadArgument(
-                    "history",
-                    f"event {i} ({e.worker} {e.action}) has generation "
-                    f"{e.generation!r}, not an int or an (epoch, counter) pair",
-                ) from None
+                    "final", f"{target!r} holds {value!r}, not an int or an (epoch, counter) pair"
+                )
     return sorted(events, key=lambda e: e.time)
 
 
 def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -> list[Violation]:
     """Return every safety violation in ``history`` (empty for a clean history).
 
-    One history is the story of ONE fenced job and ONE lease: every caller
-    (scenarios, the chaos run, the live demo, the graders) records one job's
-    writes and one lease name's grants. The checker relies on that: it keeps a
-    single highest committed token for all effects, and one lease expiry per
-    worker. To judge two jobs, check their histories separately.
-
-    Args:
-        history: events in the order they happened (sorted by ``time``, stable).
-        final: optionally, the committed state at the end, ``{target: generation}``;
-            a target whose last committed write is not what the table holds (or
-            that is missing or None there) was lost.
-
-    Raises:
-        BadArgumentType: ``history`` is not an iterable of :class:`Event`.
-        BadArgument: an event's time is not a finite number or its generation is
-            neither None, an int nor an ``(epoch, counter)`` pair (naming
-            ``history``); a value of ``final`` is not such a token (naming ``final``).
+    One history is the story of ONE fenced job and ONE lease: the checker keeps
+    a single highest committed token for all effects and one lease expiry per
+    worker. ``final``, if given, is the committed state at the end,
+    ``{target: generation}``. Raises ``BadArgumentType`` or ``BadArgument``
+    (naming ``history`` or ``final``) for an event or a value that is not well formed.
 
     Checks:
         stale_accepted: an effect committed with a token below one already committed.
         lost_update: a target's committed write replaced by a lower token, or by another
             worker whose last read of that target came before the write (it never saw it),
-            or missing from ``final``.
+            or not what ``final`` holds.
         duplicate_effect: two committed effects with the same operation key.
         acted_after_expiry: an effect committed by a worker whose lease had expired
             and had meanwhile been granted to someone else who had begun to act on it
@@ -152,65 +133,44 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
         ...        Event(1, "A", "write", "ok", 7, target="INV-2")])[0].kind
         'stale_accepted'
     """
-    events = _checked(history)
-    if final is not None:
-        if not isinstance(final, Mapping):
-            raise BadArgumentType(
-                "final", f"must be a mapping {{target: generation}}, got {type(final).__name__}"
-            )
-        for target, value in final.items():
-            if value is not None:
-                try:
-                    token(value)
-                except LabkitError:
-                    raise BadArgument(
-                        "final",
-                        f"{target!r} holds {value!r}, not an int or an (epoch, counter) pair",
-                    ) from None
+    events = _checked(history, final)
     found: list[Violation] = []
     highest = None  # highest committed token so far
-    last_write: dict[str, Event] = {}
+    last_write: dict[str, tuple[int, Event]] = {}  # target -> (position, its last committed write)
     keys_done: dict[str, Event] = {}
     expiry: dict[str, float] = {}  # worker -> its lease's expiry at the authority
     holder: dict[str, tuple] = {}  # lease target -> (worker, generation) of the live lease
     granted: dict[str, float] = {}  # worker -> when it last acquired
     started: list[tuple[float, str]] = []  # (grant time, worker) of grantees that have acted since
     last_read: dict[tuple, int] = {}  # (worker, target) -> position of its last ok read
-    position: dict[int, int] = {}  # id(event) -> position in time order
 
     def flag(kind: str, event: Event, message: str) -> None:
         found.append(Violation(kind, event, message))
 
     for i, e in enumerate(events):
-        position[id(e)] = i
         if e.outcome != "ok":
             continue
-        if (
-            (e.action in EFFECTS or e.action in ("read", "raise"))
-            and e.worker in granted
-            and (granted[e.worker], e.worker) not in started
-        ):
+        acts = e.action in EFFECTS or e.action in ("read", "raise")
+        if acts and e.worker in granted and (granted[e.worker], e.worker) not in started:
             started.append((granted[e.worker], e.worker))
         if e.action == "read":
             last_read[e.worker, e.target] = i
         if e.action in ("acquire", "renew"):
-            if e.action == "renew" and holder.get(e.target, (e.worker, e.generation)) != (
-                e.worker,
-                e.generation,
-            ):
+            me = (e.worker, e.generation)
+            if e.action == "renew" and holder.get(e.target, me) != me:
                 flag(
                     "foreign_release",
                     e,
                     f"{e.worker} renewed generation {e.generation} "
                     f"while {holder[e.target][0]} held the lease",
                 )
-            holder[e.target] = (e.worker, e.generation)
+            holder[e.target] = me
             if e.action == "acquire":
                 granted[e.worker] = e.time
             if e.until is not None:
                 expiry[e.worker] = e.until
         elif e.action == "release":
-            owner = holder.get(e.target)
+            owner = holder.pop(e.target, None)
             if owner is not None and owner != (e.worker, e.generation):
                 flag(
                     "foreign_release",
@@ -218,21 +178,21 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
                     f"{e.worker}'s release (generation {e.generation}) "
                     f"deleted {owner[0]}'s lease (generation {owner[1]})",
                 )
-            holder.pop(e.target, None)
             expiry.pop(e.worker, None)
         elif e.action in EFFECTS:
             if e.generation is not None:
-                if highest is not None and _order(e.generation) < _order(highest):
+                mine = token(e.generation)
+                if highest is not None and mine < token(highest):
                     flag(
                         "stale_accepted",
                         e,
                         f"a {e.action} with generation {e.generation} "
                         f"was accepted after {highest} committed",
                     )
-                if highest is None or _order(e.generation) > _order(highest):
+                if highest is None or mine > token(highest):
                     highest = e.generation
-                before = last_write.get(e.target)
-                if before is not None and _order(e.generation) < _order(before.generation):
+                at, before = last_write.get(e.target, (i, None))
+                if before is not None and mine < token(before.generation):
                     flag(
                         "lost_update",
                         e,
@@ -242,8 +202,7 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
                 elif (
                     before is not None
                     and before.worker != e.worker
-                    and last_read.get((e.worker, e.target), position[id(before)])
-                    < position[id(before)]
+                    and last_read.get((e.worker, e.target), at) < at
                 ):
                     flag(
                         "lost_update",
@@ -252,7 +211,7 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
                         f"{before.worker}'s write (generation {before.generation}) "
                         f"that landed after its read",
                     )
-                last_write[e.target] = e
+                last_write[e.target] = (i, e)
             if e.key is not None:
                 if e.key in keys_done:
                     flag(
@@ -273,13 +232,14 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
                     f"{e.worker} committed a {e.action} at t={e.time:g}, "
                     f"after its lease expired at t={expiry[e.worker]:g}",
                 )
-    if final is not None:
-        for target, e in last_write.items():
-            if final.get(target) is None or _order(final[target]) != _order(e.generation):
-                flag(
-                    "lost_update",
-                    e,
-                    f"{target}: committed by {e.worker} with generation "
-                    f"{e.generation}, but the table holds {final.get(target)}",
-                )
+    for target, (_, e) in last_write.items():
+        if final is not None and (
+            final.get(target) is None or token(final[target]) != token(e.generation)
+        ):
+            flag(
+                "lost_update",
+                e,
+                f"{target}: committed by {e.worker} with generation "
+                f"{e.generation}, but the table holds {final.get(target)}",
+            )
     return found

@@ -1,42 +1,22 @@
-"""The verdict: one line a student can read, made from a history and its violations.
-
-Every :class:`~labkit.sim.engine.Result` carries one. :func:`describe` words the
-worst violation the checker found, or, for a clean run, what stopped the
-failure: a stale write bounced off the fence, a repeat recognised by its key,
-a wait for the write lock.
-"""
+"""The verdict: one line a student can read, made only from a history and its violations."""
 
 from __future__ import annotations
 
 from typing import Iterable
 
-from labkit.sim.history import Event, Violation
+from labkit.sim.history import EFFECTS, VIOLATION_KINDS, Event, Violation
 from labkit.sim.worker import TICK
 
 __all__ = ["describe"]
 
-_HEADLINE = (
-    "lost_update",
-    "stale_accepted",
-    "duplicate_effect",
-    "acted_after_expiry",
-    "foreign_release",
-)
-_LABEL = {
-    "lost_update": "lost update",
-    "stale_accepted": "stale write accepted",
-    "duplicate_effect": "duplicate effect",
-    "acted_after_expiry": "acted after expiry",
-    "foreign_release": "foreign release",
-}
+_HEADLINE = ("lost_update", *(k for k in VIOLATION_KINDS if k != "lost_update"))  # worst first
+_LABEL = {kind: kind.replace("_", " ") for kind in VIOLATION_KINDS}
+_LABEL["stale_accepted"] = "stale write accepted"
 
 
 def describe(history: Iterable[Event], violations: Iterable[Violation]) -> str:
-    """One line for a student: the worst violation, or what stopped the failure.
-
-    Built only from the history and the checker's violations, e.g.
-    ``"A (generation 7) overwrote INV-1 written by B (generation 8), after its
-    lease expired: lost update, stale write accepted"``.
+    """One line: the worst violation, or for a clean run what stopped the failure
+    (a stale write bounced off the fence, a repeat recognised by its key, a lock wait).
 
     Example:
         >>> from labkit.sim.history import Event
@@ -58,15 +38,16 @@ def describe(history: Iterable[Event], violations: Iterable[Violation]) -> str:
     for e in history:
         if e.action == "raise" and e.outcome == "ok":
             fence = e.generation
-        elif e.action in ("write", "email", "charge") and e.outcome == "rejected":
+        elif e.action in EFFECTS and e.outcome == "rejected":
             at = f" at {fence}" if fence is not None else ""
-            return f"{e.worker}'s stale {e.action} with {e.generation} bounced off the fence{at}: nothing lost"
+            stale = f"{e.worker}'s stale {e.action} with {e.generation}"
+            return f"{stale} bounced off the fence{at}: nothing lost"
     dup = next((e for e in history if e.outcome == "duplicate"), None)
     if dup is not None:
         return (
             f"{dup.worker}'s repeat of {dup.key!r} was recognised by its key: it took effect once"
         )
-    n = sum(1 for e in history if e.action in ("write", "email", "charge") and e.outcome == "ok")
+    n = sum(1 for e in history if e.action in EFFECTS and e.outcome == "ok")
     waits = [e for e in history if e.action == "wait"]
     if waits:
         who = waits[0].worker

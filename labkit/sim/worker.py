@@ -1,82 +1,48 @@
 """A simulated worker: its own SQLite connections, its own clock, its planned faults.
 
-A :class:`Worker` belongs to one :class:`~labkit.sim.engine.Sim` and acts in its
-virtual time. Its body is a plain generator function; every method that can
-take time is a generator too, called with ``yield from``. Each worker has its
-OWN connection to the resource database, opened with ``busy_timeout_ms=0``:
-``BEGIN IMMEDIATE`` either takes the write lock at once or raises
-:class:`~labkit.Busy`, which the worker records as a ``wait`` event and retries
-after ``sim.tick`` virtual seconds. The waiting you see is the waiting SQLite
-really imposed.
-
-Faults are planned per worker and fire at NAMED POINTS the scenario passes
-with ``yield from w.point("after-read")``: a pause (a long timeout, also inside
-an open transaction that holds the write lock) or a crash (:class:`Crashed` is
-raised there, so an open ``with fence.guard(...)`` rolls back). Messages to the
-authority take ``request_latency`` and ``response_latency`` seconds (a number,
-or a ``(low, high)`` range drawn from the sim's rng); a lost response makes
-the worker wait ``timeout`` seconds and raise :class:`NoResponse`. A worker's
-own :class:`LocalClock` may run ``offset`` seconds away and ``drift`` faster
-or slower; only that worker reads it.
+A locked database answers at once (``busy_timeout_ms=0``): the worker records a
+``wait`` and retries after ``sim.tick`` virtual seconds, so the waiting drawn is
+the waiting SQLite imposed. Methods that take virtual time are generators.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any, Callable, Iterable
 
-import simpy
-
-from labkit.db import check_name, execute, transaction
-from labkit.errors import BadArgument, Busy, LabkitError, LeaseLost, StaleGeneration
-from labkit.fence import Fence, Tx
-from labkit.sim.history import Event
+from labkit.db import check_name, execute
+from labkit.errors import BadArgument, Busy, LabkitError, LeaseLost, StaleGeneration, check_number
+from labkit.fence import Fence, unfenced
 from labkit.idempotency import run_once
 from labkit.lease import Lease
-from labkit.errors import check_number
+from labkit.sim.history import Event
 
-if TYPE_CHECKING:
-    from labkit.sim.engine import Sim
-
-__all__ = [
-    "Worker",
-    "LocalClock",
-    "Crashed",
-    "NoResponse",
-    "upsert_invoice",
-    "JOB",
-    "LEASE",
-    "TICK",
-]
+__all__ = ["Worker", "LocalClock", "Crashed", "NoResponse", "upsert_invoice"]
 
 JOB = "invoice-run"  # the fenced job, and the job_id of every invoice
 LEASE = "invoice-run"  # the lease's name at the authority
 TICK = 0.5  # virtual seconds between retries of a locked database (Sim's default tick)
 
 
-def upsert_invoice(db, invoice: str, amount: int, generation: int, *, job: str = JOB) -> None:
-    """Write one invoice row by UPSERT: a later write replaces an earlier one, whatever its generation.
+def upsert_invoice(db, invoice: str, amount, generation, *, job: str = JOB, epoch=None) -> None:
+    """UPSERT one invoice row: a later write replaces an earlier one, whatever its generation.
 
-    This is the resource with no protection of its own: an older owner really
-    can overwrite a newer owner's invoice when nothing stops it.
+    The resource with no protection of its own. ``epoch`` also writes that column.
+    Named parameters let a protected table's refusal say which generation it refused.
     """
+    row = {"amount": amount, "generation": generation} | ({} if epoch is None else {"epoch": epoch})
     execute(
         db,
-        """
-        INSERT INTO invoices(job_id, invoice_id, amount, generation)
-        VALUES (:job, :invoice, :amount, :generation)
-        ON CONFLICT(job_id, invoice_id) DO UPDATE SET
-            amount = excluded.amount, generation = excluded.generation""",
-        {"job": job, "invoice": invoice, "amount": amount, "generation": generation},
+        f"INSERT INTO invoices(job_id, invoice_id, {', '.join(row)})"
+        f" VALUES (:job, :invoice, {', '.join(':' + c for c in row)})"
+        " ON CONFLICT(job_id, invoice_id) DO UPDATE SET "
+        + ", ".join(f"{c} = excluded.{c}" for c in row),
+        {"job": job, "invoice": invoice, **row},
     )
 
 
 class Crashed(LabkitError):
-    """A worker crashed at a named point; its open transaction rolls back.
-
-    Attributes:
-        worker: who crashed. point: where.
-    """
+    """``worker`` crashed at named ``point``; its open transaction rolls back."""
 
     def __init__(self, worker: str, point: str) -> None:
         self.worker, self.point = worker, point
@@ -84,11 +50,7 @@ class Crashed(LabkitError):
 
 
 class NoResponse(LabkitError):
-    """The authority's answer was lost: the worker waited ``timeout`` s and does not know the outcome.
-
-    Attributes:
-        worker: who asked. action: what it asked for.
-    """
+    """The answer to ``worker``'s ``action`` was lost: the authority may or may not have acted."""
 
     def __init__(self, worker: str, action: str) -> None:
         self.worker, self.action = worker, action
@@ -96,13 +58,13 @@ class NoResponse(LabkitError):
 
 
 class LocalClock:
-    """A worker's own clock: ``offset + (1 + drift) * env.now``. Only that worker reads it."""
+    """A clock reading ``offset + (1 + drift) * env.now``: a worker's own, or (0, 0) the sim's."""
 
-    def __init__(self, env: simpy.Environment, offset: float = 0.0, drift: float = 0.0) -> None:
+    def __init__(self, env, offset: float = 0.0, drift: float = 0.0) -> None:
         self.env, self.offset, self.drift = env, offset, drift
 
     def now(self) -> float:
-        """Return this worker's reading of the time."""
+        """Return this clock's reading of the virtual time."""
         return self.offset + (1.0 + self.drift) * float(self.env.now)
 
     def __repr__(self) -> str:
@@ -110,23 +72,16 @@ class LocalClock:
 
 
 class Worker:
-    """A simulated worker: its own SQLite connections, its local clock, its planned faults.
+    """A simulated worker of one :class:`~labkit.sim.engine.Sim`, recording every attempt.
 
-    Every method that can take virtual time is a generator: call it with
-    ``yield from``. Every attempt is appended to ``sim.history`` with the answer.
-
-    Args (keyword-only, via :meth:`labkit.sim.engine.Sim.worker`):
+    Faults (keyword-only):
         pauses: ``{point: seconds}``; each fires once, the first time the worker passes ``point``.
         crash_at: a point name; the worker raises :class:`Crashed` there.
         request_latency, response_latency: seconds per message to/from the authority,
             a number or a ``(low, high)`` range drawn from ``sim.rng``.
-        lose: action names (``"acquire"``, ``"renew"``, ``"release"``) whose next response is
-            lost, once per listed name; ``loss`` is a probability for every response.
-        timeout: how long a worker waits for a lost response before :class:`NoResponse`.
+        lose: action names whose next response is lost, once per listed name;
+            ``timeout``: how long the worker then waits before :class:`NoResponse`.
         offset, drift: skew this worker's :attr:`clock` only.
-
-    Attributes:
-        name, sim, env, clock, db (own connection to the resource database).
 
     Example:
         >>> from labkit.sim.engine import Sim
@@ -143,7 +98,7 @@ class Worker:
 
     def __init__(
         self,
-        sim: "Sim",
+        sim,
         name: str,
         *,
         pauses: dict | None = None,
@@ -151,7 +106,6 @@ class Worker:
         request_latency=0.0,
         response_latency=0.0,
         lose: Iterable[str] = (),
-        loss: float = 0.0,
         timeout: float = 5.0,
         offset: float = 0.0,
         drift: float = 0.0,
@@ -161,43 +115,19 @@ class Worker:
             check_name(k, "pauses"): check_number(v, "pause") for k, v in (pauses or {}).items()
         }
         self.crash_at = None if crash_at is None else check_name(crash_at, "crash_at")
-        self.request_latency = self._latency(request_latency, "request_latency")
-        self.response_latency = self._latency(response_latency, "response_latency")
+        self.request_latency = _latency(request_latency, "request_latency")
+        self.response_latency = _latency(response_latency, "response_latency")
         self.lose = [check_name(a, "lose") for a in lose]
-        self.loss = check_number(loss, "loss", high=1.0)
         self.timeout = check_number(timeout, "timeout")
         self.clock = LocalClock(sim.env, float(offset), float(drift))
         self._conns: dict[str, Any] = {}
-        self._fences: dict[tuple, Fence] = {}
+        self._fences: dict[str, Fence] = {}
         self.held_until: float | None = None  # the holder's expiry in the last "held" answer
         self.db = self.connection("resource")
 
-    @staticmethod
-    def _latency(value, name):
-        if isinstance(value, (tuple, list)):
-            if len(value) != 2:
-                raise BadArgument(name, f"must be seconds or a (low, high) pair, got {value!r}")
-            low, high = check_number(value[0], name), check_number(value[1], name)
-            if low > high:
-                raise BadArgument(name, f"low {low} is above high {high}")
-            return (low, high)
-        return check_number(value, name)
-
-    # -- bookkeeping ------------------------------------------------------------------
-    def record(
-        self,
-        action: str,
-        outcome: str = "ok",
-        *,
-        generation=None,
-        key=None,
-        target=None,
-        until=None,
-    ) -> Event:
-        """Append ``Event(now, self.name, action, outcome, ...)`` to the history and return it."""
-        return self.sim.record(
-            self.name, action, outcome, generation=generation, key=key, target=target, until=until
-        )
+    def record(self, action: str, outcome: str = "ok", **fields) -> Event:
+        """Append ``Event(now, self.name, action, outcome, **fields)`` to the history; return it."""
+        return self.sim.record(self.name, action, outcome, **fields)
 
     def connection(self, name: str = "resource"):
         """This worker's own connection to database ``name`` (``busy_timeout_ms=0``)."""
@@ -205,11 +135,11 @@ class Worker:
             self._conns[name] = self.sim.connect(name)
         return self._conns[name]
 
-    def fence(self, job: str = JOB, db: str = "resource") -> Fence:
-        """The :class:`~labkit.Fence` of ``job`` on this worker's connection to ``db``."""
-        if (job, db) not in self._fences:
-            self._fences[job, db] = Fence(self.connection(db), job)
-        return self._fences[job, db]
+    def fence(self, db: str = "resource") -> Fence:
+        """The :class:`~labkit.Fence` of :data:`JOB` on this worker's connection to ``db``."""
+        if db not in self._fences:
+            self._fences[db] = Fence(self.connection(db), JOB)
+        return self._fences[db]
 
     def close(self) -> None:
         """Close this worker's connections (an open transaction rolls back)."""
@@ -217,7 +147,6 @@ class Worker:
             db.conn.close()
         self._conns.clear()
 
-    # -- faults and time --------------------------------------------------------------
     def point(self, name: str):
         """Pass the named point: pause there if planned (once), crash there if planned."""
         if self.crash_at == name:
@@ -233,11 +162,8 @@ class Worker:
         yield self.env.timeout(seconds)
         self.record("resume", "ok", target=point)
 
-    def _draw(self, latency) -> float:
-        return self.sim.rng.uniform(*latency) if isinstance(latency, tuple) else latency
-
     def locked(self, fn: Callable, *args, db: str = "resource", target=None):
-        """Call ``fn(*args)``; while it raises :class:`~labkit.Busy`, record a wait and retry after a tick."""
+        """Call ``fn(*args)``; while it raises ``Busy``, record a wait and retry after a tick."""
         while True:
             try:
                 return fn(*args)
@@ -248,8 +174,7 @@ class Worker:
     def wait_for_lock(self, db: str = "resource", target=None):
         """Wait (recording ``wait`` events) until ``BEGIN IMMEDIATE`` on ``db`` would succeed now.
 
-        The simulation runs one worker at a time, so nothing can take the lock
-        between this and the transaction the caller opens next (without yielding).
+        One worker runs at a time, so the lock stays free until the caller next yields.
         """
         conn = self.connection(db)
 
@@ -259,132 +184,85 @@ class Worker:
 
         yield from self.locked(probe, db=db, target=target)
 
-    # -- messages to the authority -------------------------------------------------------
-    def _ask(self, action: str, fn: Callable):
-        yield self.env.timeout(self._draw(self.request_latency))
-        answer = fn()  # the authority acts now, at its own time
-        return answer
+    def _ask(self, fn: Callable):
+        yield self.env.timeout(_draw(self.sim.rng, self.request_latency))
+        return fn()  # the authority acts now, at its own time
 
     def reply(self, action: str):
-        """The answer to ``action`` travels back: ``response_latency``, or lost (see ``lose``/``loss``).
+        """The answer to ``action`` travels back: ``response_latency``, or lost (see ``lose``).
 
-        Raises:
-            NoResponse: after waiting ``timeout`` s, when this response is lost.
+        Raises :class:`NoResponse` after waiting ``timeout`` s when this response is lost.
         """
-        lost = action in self.lose or (self.loss > 0 and self.sim.rng.random() < self.loss)
         if action in self.lose:
             self.lose.remove(action)
-        if lost:
             yield self.env.timeout(self.timeout)
             self.record("response", "lost", target=action)
             raise NoResponse(self.name, action)
-        yield self.env.timeout(self._draw(self.response_latency))
+        yield self.env.timeout(_draw(self.sim.rng, self.response_latency))
 
-    def acquire(self, ttl: float, name: str = LEASE):
-        """Ask the authority for lease ``name``: returns the :class:`~labkit.Lease` or None if held.
-
-        Recorded at the authority's time as ``acquire``/``ok`` (with ``until``) or ``held``.
-
-        Raises:
-            NoResponse: the answer was lost (the authority may have granted it).
-        """
-        authority = self.sim.authority
-        lease = yield from self._ask("acquire", lambda: authority.try_acquire(name, self.name, ttl))
+    def heard(self, authority, lease: Lease | None, token=None) -> None:
+        """Record an acquire's answer: ``ok`` with ``token`` (or the generation), or ``held``."""
         if lease is None:
-            held = authority.current(name)
-            self.held_until = held and held.expires_at
+            held = authority.current(LEASE)
+            self.held_until, generation = held and held.expires_at, held and held.generation
             self.record(
-                "acquire",
-                "held",
-                target=name,
-                generation=held and held.generation,
-                until=self.held_until,
+                "acquire", "held", generation=generation, target=LEASE, until=self.held_until
             )
         else:
-            self.record(
-                "acquire", "ok", generation=lease.generation, target=name, until=lease.expires_at
-            )
+            token = lease.generation if token is None else token
+            self.record("acquire", "ok", generation=token, target=LEASE, until=lease.expires_at)
+
+    def acquire(self, ttl: float):
+        """Ask for the lease: a Lease, or None if held; NoResponse if the answer is lost."""
+        authority = self.sim.authority
+        lease = yield from self._ask(lambda: authority.try_acquire(LEASE, self.name, ttl))
+        self.heard(authority, lease)
         yield from self.reply("acquire")
         return lease
 
-    def acquire_when_free(self, ttl: float, name: str = LEASE, poll: float | None = None):
-        """Call :meth:`acquire` until it returns a lease.
+    def acquire_when_free(self, ttl: float, poll=None, *, attempt=None, clock=None):
+        """Try ``attempt()`` (default :meth:`acquire`) until it returns a lease; return the lease.
 
-        Between attempts it waits ``poll`` seconds, or (``poll=None``) until the
-        expiry the authority reported for the current holder.
+        Between attempts it waits ``poll`` s, or until the holder's expiry in the
+        last ``held`` answer (read on ``clock``, default the sim's), at least a tick.
         """
         poll = None if poll is None else check_number(poll, "poll", positive=True)
+        clock = clock or self.sim.clock
         while True:
-            lease = yield from self.acquire(ttl, name)
+            lease = yield from (attempt() if attempt else self.acquire(ttl))
             if lease is not None:
                 return lease
             until = self.held_until
-            wait = poll if poll is not None or until is None else until - self.env.now
-            yield self.env.timeout(max(wait, self.sim.tick if wait <= 0 else 0.0))
+            wait = poll if poll is not None or until is None else until - clock.now()
+            yield self.env.timeout(max(wait or 0.0, self.sim.tick))
 
     def renew(self, lease: Lease):
         """Ask the authority to renew ``lease``: the new Lease, or None if it was lost."""
-        authority = self.sim.authority
-
-        def ask():
-            try:
-                return authority.renew(lease)
-            except LeaseLost:
-                return None
-
-        new = yield from self._ask("renew", ask)
-        self.record(
-            "renew",
-            "ok" if new else "lost",
-            generation=lease.generation,
-            target=lease.name,
-            until=new and new.expires_at,
-        )
-        yield from self.reply("renew")
-        return new
+        return (yield from self._tell("renew", lease))
 
     def release(self, lease: Lease):
         """Ask the authority to release ``lease``: True if it was ours and is now gone."""
-        authority = self.sim.authority
+        return bool((yield from self._tell("release", lease)))
+
+    def _tell(self, action: str, lease: Lease):
+        """Send ``authority.<action>(lease)`` and record ``ok`` or ``lost``; None if lost."""
 
         def ask():
-            try:
-                authority.release(lease)
-                return True
-            except LeaseLost:
-                return False
+            with contextlib.suppress(LeaseLost):
+                return getattr(self.sim.authority, action)(lease) or True
 
-        done = yield from self._ask("release", ask)
-        self.record(
-            "release", "ok" if done else "lost", generation=lease.generation, target=lease.name
-        )
-        yield from self.reply("release")
-        return done
+        answer = yield from self._ask(ask)
+        outcome, until = ("ok", getattr(answer, "expires_at", None)) if answer else ("lost", None)
+        self.record(action, outcome, generation=lease.generation, target=lease.name, until=until)
+        yield from self.reply(action)
+        return answer
 
-    # -- the resource ---------------------------------------------------------------------
-    def read(
-        self, invoices: Iterable[str], job: str = JOB, db: str = "resource"
-    ) -> dict[str, dict]:
-        """Read these invoices (a read never waits in WAL); record one ``read`` per invoice.
-
-        Returns:
-            invoice id -> row dict, for the invoices that exist.
-        """
-        invoices = list(invoices)
-        rows = {
-            r[0]: {"invoice_id": r[0], "amount": r[1], "generation": r[2]}
-            for r in execute(
-                self.connection(db),
-                "SELECT invoice_id, amount, generation FROM invoices WHERE job_id = ?",
-                (job,),
-            )
-        }
+    def read(self, invoices: Iterable[str]) -> None:
+        """Read these invoices (never waiting, in WAL); record a ``read`` of each generation."""
+        sql = "SELECT invoice_id, generation FROM invoices WHERE job_id = ?"
+        seen = dict(execute(self.db, sql, (JOB,)))
         for invoice in invoices:
-            self.record(
-                "read", "ok", target=invoice, generation=rows.get(invoice, {}).get("generation")
-            )
-        wanted = set(invoices)
-        return {k: v for k, v in rows.items() if k in wanted}
+            self.record("read", "ok", target=invoice, generation=seen.get(invoice))
 
     def write(
         self,
@@ -394,70 +272,71 @@ class Worker:
         *,
         fenced: bool = True,
         key: str | None = None,
-        job: str = JOB,
         inside: str = "inside-write",
         read: bool = False,
     ):
-        """Upsert one invoice in one transaction, through ``fence.guard(generation)`` when ``fenced``.
+        """Upsert one invoice in one transaction, through the fence when ``fenced``.
 
-        Waits for the write lock first (``wait`` events). Inside the open
-        transaction it passes point ``inside`` (a planned pause there holds the
-        lock; a planned crash rolls back). With ``key``, the upsert runs under
-        :func:`~labkit.run_once`, so a repeat of the same key has no effect. With
-        ``read``, it reads ``invoice`` inside the transaction, after the fence is raised.
-
-        Returns:
-            The recorded outcome: ``"ok"``, ``"rejected"`` (stale) or ``"duplicate"``.
+        Inside the open transaction it passes point ``inside`` (a pause there holds the
+        lock); ``key`` runs it under :func:`~labkit.run_once`; ``read`` reads the invoice
+        first. After :func:`~labkit.sim.steps.with_tokens`, ``generation`` may be an
+        ``(epoch, n)`` token. Returns the outcome: ``"ok"``, ``"rejected"`` or ``"duplicate"``.
         """
         yield from self.wait_for_lock(target=invoice)
         repeated = [True]
+        epoch, n = None, generation
+        if self.sim.epochs:
+            epoch, n = generation if isinstance(generation, tuple) else (0, generation)
 
         def effect(tx):
             repeated[0] = False
-            upsert_invoice(tx.conn, invoice, amount, generation, job=job)
+            upsert_invoice(tx.conn, invoice, amount, n, epoch=epoch)
             return invoice
 
+        fields = {"generation": generation, "key": key, "target": invoice}
         try:
-            opened = self.fence(job).guard(generation) if fenced else _plain(self.db, generation)
+            opened = self.fence().guard(generation) if fenced else unfenced(self.db, generation)
             with opened as tx:
                 if read:
-                    self.read([invoice], job)
+                    self.read([invoice])
                 if key is None:
                     effect(tx)
                 else:
                     run_once(tx, key, effect, payload={"invoice": invoice, "amount": amount})
                 yield from self.point(inside)
         except StaleGeneration:
-            return self.record(
-                "write", "rejected", generation=generation, key=key, target=invoice
-            ).outcome
+            return self.record("write", "rejected", **fields).outcome
         except Crashed:
-            self.record("write", "crashed", generation=generation, key=key, target=invoice)
+            self.record("write", "crashed", **fields)
             raise
         if fenced:
-            self.record("raise", "ok", generation=generation, target=job)
-        outcome = "duplicate" if repeated[0] else "ok"
-        return self.record("write", outcome, generation=generation, key=key, target=invoice).outcome
+            self.record("raise", "ok", generation=generation, target=JOB)
+        return self.record("write", "duplicate" if repeated[0] else "ok", **fields).outcome
 
-    def raise_fence(self, generation: int, job: str = JOB, db: str = "resource"):
-        """Raise the fence of ``job`` to ``generation`` and commit, writing nothing else.
-
-        Returns:
-            True if raised (recorded ``raise``/``ok``), False if stale (``raise``/``rejected``).
-        """
-        yield from self.wait_for_lock(db, target=job)
+    def raise_fence(self, generation: int, db: str = "resource"):
+        """Raise the fence on ``db`` to ``generation`` and commit: True, or False if stale."""
+        yield from self.wait_for_lock(db, target=JOB)
         try:
-            with self.fence(job, db).guard(generation):
+            with self.fence(db).guard(generation):
                 yield from self.point("inside-raise")
         except StaleGeneration:
-            self.record("raise", "rejected", generation=generation, target=job)
+            self.record("raise", "rejected", generation=generation, target=JOB)
             return False
-        self.record("raise", "ok", generation=generation, target=job)
+        self.record("raise", "ok", generation=generation, target=JOB)
         return True
 
 
-@contextlib.contextmanager
-def _plain(db, generation):
-    """``transaction(db)`` shaped like a guard: an unfenced write transaction."""
-    with transaction(db) as conn:
-        yield Tx(conn, (0, generation))
+def _latency(value, name: str):
+    """Check a latency: seconds, or a ``(low, high)`` range."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise BadArgument(name, f"must be seconds or a (low, high) pair, got {value!r}")
+        low, high = check_number(value[0], name), check_number(value[1], name)
+        if low > high:
+            raise BadArgument(name, f"low {low} is above high {high}")
+        return (low, high)
+    return check_number(value, name)
+
+
+def _draw(rng, latency) -> float:
+    return rng.uniform(*latency) if isinstance(latency, tuple) else latency

@@ -1,2 +1,2 @@
-"""What a student looks at: timelines and outcome maps (:mod:`labkit.views.plot`) and
-slider panels and paced replays (:mod:`labkit.views.widgets`)."""
+"""What a student looks at: what a run's timeline shows (:mod:`.scene`), the pictures
+(:mod:`.plot`), and slider panels and paced replays (:mod:`.widgets`)."""

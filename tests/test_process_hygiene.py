@@ -1,0 +1,143 @@
+"""labkit.processes.team cleans up after itself: a member's scratch, the team's files, a stuck stop."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from polling import wait_for
+
+import labkit.processes.team
+from labkit.processes.team import Team
+
+SHM = Path("/dev/shm")
+
+# Started in every worker process of the test below: a member that ran a simulation leaves
+# the scratch folders of labkit.sim.files behind (a template and a Sim's folder), and says where.
+SITECUSTOMIZE = """
+import os
+if os.environ.get("LABKIT_PROBE"):
+    from labkit.sim import files
+    made = [files.new_folder(0), *files._TEMPLATES.values()]
+    said = os.path.join(os.environ["LABKIT_PROBE"], str(os.getpid()))
+    with open(said + ".part", "w") as f:
+        f.write("\\n".join(map(str, made)))
+    os.rename(said + ".part", said)  # whole, or not there yet
+"""
+
+
+def open_paths() -> list[str]:
+    """What this process has open or mapped: the targets of /proc/self/fd and /proc/self/maps."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            continue
+    with open("/proc/self/maps") as maps:
+        found += [line.split(maxsplit=5)[-1].strip() for line in maps if "/" in line]
+    return found
+
+
+def probing(tmp_path, monkeypatch) -> Path:
+    """Make every Python started from here on run SITECUSTOMIZE; return where it reports."""
+    site, probe = tmp_path / "site", tmp_path / "probe"
+    site.mkdir()
+    probe.mkdir()
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("LABKIT_PROBE", str(probe))
+    return probe
+
+
+def in_shm(folders) -> list[str]:
+    """Those of ``folders`` that still exist in /dev/shm."""
+    return [folder for folder in folders if folder.startswith(str(SHM)) and Path(folder).exists()]
+
+
+@pytest.mark.skipif(not os.access(SHM, os.W_OK), reason="no writable /dev/shm")
+def test_a_killed_member_leaves_no_folder_in_dev_shm(tmp_path, monkeypatch):
+    """SIGKILL a member: its labkit folders go with it; after stop, no member's is left."""
+    probe = probing(tmp_path, monkeypatch)
+    with Team(2, ttl=0.5, root=tmp_path) as team:
+        team.start()
+        pids = {name: team.pid(name) for name in team.names}
+        wait_for(lambda: all((probe / str(pid)).exists() for pid in pids.values()), "both members' folders")
+        made = {name: (probe / str(pid)).read_text().split("\n") for name, pid in pids.items()}
+        assert all(Path(folder).is_dir() for folders in made.values() for folder in folders)
+        team.kill("A")
+        left = [folder for folder in made["A"] if Path(folder).exists()]
+        assert all(Path(folder).is_dir() for folder in made["B"])     # B still runs
+    left += [folder for folder in made["B"] if Path(folder).exists()]
+    for folder in left:  # what the old code leaked: clean it up, then fail
+        shutil.rmtree(folder, ignore_errors=True)
+    assert left == []
+    assert [entry.name for entry in SHM.iterdir() if team.run in entry.name] == []
+
+
+KERNEL = """
+import sys, time
+from labkit.processes.team import Team
+team = Team(2, ttl=0.5, root=sys.argv[1]).start()
+print(*[p.pid for p in team.procs.values()], flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not os.access(SHM, os.W_OK), reason="no writable /dev/shm")
+def test_members_of_a_killed_parent_leave_no_folder_in_dev_shm(tmp_path, monkeypatch):
+    """SIGKILL the process that started a team (a kernel restart): Linux kills its members, and
+    no labkit folder of theirs is left in /dev/shm (where nobody would ever remove it)."""
+    probe = probing(tmp_path, monkeypatch)
+    kernel = subprocess.Popen([sys.executable, "-c", KERNEL, str(tmp_path)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        pids = [int(p) for p in kernel.stdout.readline().split()]
+        wait_for(lambda: all((probe / str(pid)).exists() for pid in pids), "both members' folders")
+    finally:
+        kernel.kill()
+        kernel.wait()
+        wait_for(lambda: (probe / str(kernel.pid)).exists(), "the kernel's own folders")
+        for folder in (probe / str(kernel.pid)).read_text().split("\n"):  # not the team's to remove
+            shutil.rmtree(folder, ignore_errors=True)
+    wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in pids), "the members to die")
+    made = [folder for pid in pids for folder in (probe / str(pid)).read_text().split("\n")]
+    left = in_shm(made)
+    for folder in left:  # what the old code leaked: clean it up, then fail
+        shutil.rmtree(folder, ignore_errors=True)
+    assert left == []
+
+
+def test_stop_closes_the_teams_connections_board_and_journal(tmp_path):
+    """After stop, no file of the run (the database, its WAL, the board, the journal) is open or mapped;
+    the history is still readable."""
+    with Team(2, ttl=0.5, root=tmp_path) as team:
+        team.start()
+        wait_for(lambda: any(e.action == "write" and e.outcome == "ok" for e in team.history()), "a commit")
+        assert any(path.startswith(team.run_dir) for path in open_paths())
+    assert [path for path in open_paths() if path.startswith(team.run_dir)] == []
+    assert any(e.action == "write" for e in team.history()) and team.check() == []
+    assert [path for path in open_paths() if path.startswith(team.run_dir)] == []
+
+
+def test_a_process_that_never_shows_stopped_is_killed_after_a_timeout(tmp_path, monkeypatch):
+    """If the kernel never reports a SIGSTOPped worker stopped, freeze gives up after a timeout and
+    SIGKILLs it, instead of waiting forever."""
+    with Team(1, ttl=0.5, root=tmp_path) as team:
+        team.start()
+        pid = team.pid("A")
+        monkeypatch.setattr(labkit.processes.team, "proc_state", lambda pid: "S")
+        answer = []
+        freezer = threading.Thread(target=lambda: answer.append(team.freeze("A")), daemon=True)
+        freezer.start()
+        freezer.join(30)
+        assert not freezer.is_alive(), "freeze still waits for the process to stop"
+        assert answer == [None] and not team.alive("A")
+        monkeypatch.undo()
+        assert not os.path.exists(f"/proc/{pid}")
