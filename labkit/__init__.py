@@ -4,15 +4,13 @@ Why it looks like this: three failures, three mechanisms, and they are the core,
 beside this one, read in one sitting. A :class:`LeaseAuthority` lets a successor start, a
 :class:`Fence` stops an obsolete predecessor at the resource, :func:`run_once` stops the owner
 repeating an effect; each write is one ``BEGIN IMMEDIATE`` (the contract is in :mod:`labkit.db`).
-Subpackages by role build on the core, never the other way round: commands -> grading,
-processes -> views -> scenarios -> sim -> mechanisms -> engines -> the core (idempotency ->
-fence, lease -> db, clock -> errors), as ``lint-imports`` checks.
+Subpackages by role build on the core, never the other way round (``lint-imports`` checks it).
 """
 
 from labkit.clock import Clock, RealClock, VirtualClock
 from labkit.db import connect
-from labkit.errors import BadArgument, BadArgumentType, Busy, KeyReused, LabkitError
-from labkit.errors import LeaseHeld, LeaseLost, StaleGeneration
+from labkit.errors import BadArgument, BadArgumentType, Busy, KeyNotRecorded, KeyReused
+from labkit.errors import LabkitError, LeaseHeld, LeaseLost, StaleGeneration
 from labkit.fence import Fence, Tx
 from labkit.idempotency import run_once
 from labkit.lease import Lease, LeaseAuthority
@@ -23,30 +21,20 @@ from labkit.mechanisms.recovery import Claims
 from labkit.mechanisms.timing import LeaseKeeper, VersionLease, backoff, conservative_deadline
 from labkit.sim.history import Event, Violation, check
 
-# fmt: off
-__all__ = [
-    # the core
-    "connect", "Clock", "VirtualClock", "RealClock", "Lease", "LeaseAuthority", "Fence", "Tx",
-    "run_once",
-    # its errors
-    "LabkitError", "BadArgument", "BadArgumentType", "LeaseHeld", "LeaseLost", "StaleGeneration",
-    "KeyReused", "Busy",
-    # the mechanisms of lessons 04-08
-    "conservative_deadline", "LeaseKeeper", "backoff", "VersionLease", "EpochIssuer",
-    "EpochAuthority", "Claims", "FencedFileStore", "EmailProvider", "PaymentProvider", "Outbox",
-    "ETagStore",
-    # histories and their checker, and presenter mode
-    "check", "Event", "Violation", "present",
-]
-# fmt: on
+# the core and its errors
+__all__ = ["connect", "Clock", "VirtualClock", "RealClock", "Lease", "LeaseAuthority", "Fence"]
+__all__ += ["Tx", "run_once", "LabkitError", "BadArgument", "BadArgumentType", "LeaseHeld"]
+__all__ += ["LeaseLost", "StaleGeneration", "KeyReused", "KeyNotRecorded", "Busy"]
+# the mechanisms of lessons 04-08
+__all__ += ["conservative_deadline", "LeaseKeeper", "backoff", "VersionLease", "EpochIssuer"]
+__all__ += ["EpochAuthority", "Claims", "FencedFileStore", "EmailProvider", "PaymentProvider"]
+__all__ += ["Outbox", "ETagStore"]
+# histories and their checker, and presenter mode
+__all__ += ["check", "Event", "Violation", "present"]
 
 
 def present(on: bool = True):
-    """Presenter mode for projecting (larger fonts, thicker lines): on, ``present(False)`` off.
-
-    ``with present(): ...`` restores the previous settings afterwards; nothing changes until it
-    is called. See :class:`labkit.views.plot.present`.
-    """
+    """Presenter mode for projecting: ``present()`` on, ``present(False)`` off, or a with block."""
     from labkit.views.plot import present as _present
 
     return _present(on)

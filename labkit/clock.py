@@ -3,8 +3,6 @@
 :class:`RealClock` is the only place labkit reads the machine's clock.
 """
 
-from __future__ import annotations
-
 import math
 import time
 from typing import Protocol, runtime_checkable
@@ -23,18 +21,18 @@ class Clock(Protocol):
         ...
 
 
-def check_clock(clock, argument: str = "clock") -> Clock:
-    """Return ``clock`` if it has a callable ``now()``, else raise naming ``argument``."""
+def check_clock(clock) -> Clock:
+    """Return ``clock`` if it has a callable ``now()``, else raise BadArgumentType."""
     if not callable(getattr(clock, "now", None)) or isinstance(clock, type):
-        raise BadArgumentType(argument, f"must have now(), got {type(clock).__name__}")
+        raise BadArgumentType("clock", f"must have now(), got {type(clock).__name__}")
     return clock
 
 
-def read_clock(clock, argument: str = "clock") -> float:
-    """Return ``clock.now()``, refusing NaN (a held lease would look free), naming ``argument``."""
-    value = check_clock(clock, argument).now()
+def read_clock(clock) -> float:
+    """Return ``clock.now()``, refusing NaN (a held lease would look free) and non-numbers."""
+    value = check_clock(clock).now()
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise BadArgument(argument, f"now() must return a finite number, got {value!r}")
+        raise BadArgument("clock", f"now() must return a finite number, got {value!r}")
     return float(value)
 
 
@@ -71,6 +69,3 @@ class RealClock:
     def now(self) -> float:
         """Return ``time.monotonic()``."""
         return time.monotonic()
-
-    def __repr__(self) -> str:
-        return "RealClock()"

@@ -1,18 +1,14 @@
 """The one place labkit talks to SQLite.
 
-The transaction contract, once: every connection labkit opens has
-``isolation_level=None``, so Python never opens a transaction behind our back.
-A write that matters runs inside :func:`transaction`, which issues
-``BEGIN IMMEDIATE`` (taking the write lock up front, so two writers never
-both read and then collide), then ``COMMIT`` if the block finishes or
-``ROLLBACK`` if it raises. Every statement goes through :func:`execute`, which
-binds all values and fetches every row before returning, so no ``RETURNING``
-cursor is ever left open at ``COMMIT``. Whether an operation won is answered by
-the row count of one conditional statement, never by a read followed by a write.
+The transaction contract, once: every connection labkit opens has ``isolation_level=None``, so
+Python never opens a transaction behind our back. A write that matters runs inside
+:func:`transaction`, which issues ``BEGIN IMMEDIATE`` (taking the write lock up front, so two
+writers never both read and then collide), then ``COMMIT`` if the block finishes or ``ROLLBACK``
+if it raises. Every statement goes through :func:`execute`, which binds all values and fetches
+every row before returning, so no ``RETURNING`` cursor is left open at ``COMMIT``. Whether an
+operation won is the row count of one conditional statement, never a read followed by a write.
 Driver errors become labkit errors here and nowhere else.
 """
-
-from __future__ import annotations
 
 import contextlib
 import os
@@ -32,10 +28,8 @@ CREATE TABLE IF NOT EXISTS lease_counter (name TEXT PRIMARY KEY, generation INTE
 CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY, owner TEXT NOT NULL, generation INTEGER NOT NULL,
     expires_at REAL NOT NULL, ttl REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS job_fence (
-    job_id TEXT PRIMARY KEY,
-    epoch INTEGER NOT NULL DEFAULT 0,
-    generation INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS job_fence (job_id TEXT PRIMARY KEY,
+    epoch INTEGER NOT NULL DEFAULT 0, generation INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS idempotency_keys (key TEXT PRIMARY KEY, payload TEXT, result TEXT);
 CREATE TABLE IF NOT EXISTS invoices (
     job_id TEXT NOT NULL, invoice_id TEXT NOT NULL, amount INTEGER NOT NULL,
@@ -46,11 +40,10 @@ CREATE TABLE IF NOT EXISTS invoices (
 def connect(path: str = ":memory:", *, busy_timeout_ms: int = 5000) -> sqlite_utils.Database:
     """Open a SQLite database (WAL, ``isolation_level=None``) and install labkit's schema.
 
-    ``busy_timeout_ms`` is how long a writer waits for the lock before :class:`~labkit.Busy`.
-    A ``path`` starting with ``file:`` is a URI, e.g. ``"file:lab.db?mode=ro"``.
+    A writer waits ``busy_timeout_ms`` for the lock, then raises Busy; ``file:...`` is a URI.
 
-    >>> connect().conn.isolation_level is None
-    True
+    >>> execute(connect(), "SELECT ? + 1", (41,))
+    [(42,)]
     """
     path = check_name(os.fspath(path) if isinstance(path, os.PathLike) else path, "path")
     timeout = check_number(busy_timeout_ms, "busy_timeout_ms", integer=True, high=2**31 - 1)
@@ -83,10 +76,8 @@ def check_name(value: Any, argument: str) -> str:
     """Return ``value`` if it is a non-empty str without NUL, else raise naming ``argument``."""
     if not isinstance(value, str):
         raise BadArgumentType(argument, f"must be a str, got {type(value).__name__}")
-    if not value:
-        raise BadArgument(argument, "must not be empty")
-    if "\x00" in value:
-        raise BadArgument(argument, "must not contain NUL characters")
+    if not value or "\x00" in value:
+        raise BadArgument(argument, "must be a non-empty str without NUL characters")
     return value
 
 
@@ -101,20 +92,13 @@ def check_db(db, argument: str = "db") -> sqlite3.Connection:
     if not isinstance(conn, sqlite3.Connection):
         raise BadArgumentType(argument, f"must be a labkit database, got {type(db).__name__}")
     with contextlib.suppress(sqlite3.ProgrammingError):  # closed: the first statement says so
-        if conn.isolation_level is not None:
-            implicit = "must have isolation_level=None (no implicit transactions)"
-            raise BadArgument(argument, f"{implicit}: open it with labkit.connect()")
+        if conn.isolation_level is not None:  # Python would open transactions behind our back
+            raise BadArgument(argument, "must have isolation_level=None: use labkit.connect()")
     return conn
 
 
 def execute(db, sql: str, params: Any = ()) -> list[tuple]:
-    """Run one statement with bound ``params`` and return all its rows, fetched.
-
-    Driver errors leave as labkit errors (BadArgument, StaleGeneration, Busy, ...).
-
-    >>> execute(connect(), "SELECT ? + 1", (41,))
-    [(42,)]
-    """
+    """Run one statement with bound ``params`` and return all its rows, fetched."""
     return _run(db, sql, params)[0]
 
 
@@ -132,27 +116,23 @@ def _run(db, sql: str, params: Any) -> tuple[list[tuple], int]:
             return cursor.fetchall(), cursor.rowcount
     except OverflowError as exc:
         raise BadArgument("params", f"{exc} (SQLite integers are below 2**63)") from None
-    except sqlite3.ProgrammingError as exc:
-        if "one statement at a time" in str(exc):
-            raise BadArgument("sql", "must be exactly one statement") from None
-        if any(word in str(exc) for word in ("bind", "supplied", "parameters")):
-            raise BadArgument("params", str(exc)) from None
-        raise _translate(exc, conn, params) from exc
     except sqlite3.Error as exc:
         raise _translate(exc, conn, params) from exc
 
 
 def _translate(exc: sqlite3.Error, conn: sqlite3.Connection, params: Any = ()) -> LabkitError:
     text = str(exc)
-    if isinstance(exc, sqlite3.ProgrammingError) and "closed" in text:
-        return BadArgument("db", "the database connection is closed")
-    if text.startswith("labkit: "):  # a trigger of Fence.protect refused the statement
+    if isinstance(exc, sqlite3.ProgrammingError):  # misuse: say which argument
+        if "closed" in text:
+            return BadArgument("db", "the database connection is closed")
+        if "one statement at a time" in text:
+            return BadArgument("sql", "must be exactly one statement")
+        if any(word in text for word in ("bind", "supplied", "parameters")):
+            return BadArgument("params", text)
+    if text.startswith("labkit: "):  # a trigger of Fence.protect RAISEd one of its fixed texts
         return _refusal(text, conn, params)
     if "locked" in text or "busy" in text:
-        timeout_ms = None
-        with contextlib.suppress(sqlite3.Error):
-            timeout_ms = conn.execute("PRAGMA busy_timeout").fetchone()[0]
-        return Busy(timeout_ms)
+        return Busy(conn.execute("PRAGMA busy_timeout").fetchone()[0])
     if "readonly" in text or "read-only" in text:
         return BadArgument("db", "the database is read-only")
     if "not a database" in text or "malformed" in text:
@@ -161,7 +141,6 @@ def _translate(exc: sqlite3.Error, conn: sqlite3.Connection, params: Any = ()) -
 
 
 def _refusal(text: str, conn: sqlite3.Connection, params: Any) -> LabkitError:
-    """What a trigger of Fence.protect RAISEd (a fixed text), as a labkit error."""
     if text == "labkit: generation must be an integer":
         return BadArgumentType("generation", "a fenced row's token must be an integer")
     if text == "labkit: job_id must not be NULL":
@@ -170,24 +149,18 @@ def _refusal(text: str, conn: sqlite3.Connection, params: Any) -> LabkitError:
         return LabkitError("a protected row's job has no fence row: make it with Fence(db, job)")
     if text == "labkit: a fence row is never deleted":
         return LabkitError("job_fence: a protected database never deletes or renames a fence row")
-    job = offered = current = None  # say what the bound names and the fence tell
-    params = params if isinstance(params, Mapping) else {}
+    named = params if isinstance(params, Mapping) else {}  # values bound by position tell nothing
+    job, current = named.get("job_id", named.get("job")), None
+    sql = "SELECT epoch, generation FROM job_fence WHERE job_id = ?"
     with contextlib.suppress(sqlite3.Error):
-        job = params.get("job_id", params.get("job"))
-        columns = [c for (c,) in conn.execute("SELECT column_name FROM labkit_protected")]
-        offered = next((params[c] for c in columns if c in params), None)
-        sql = "SELECT epoch, generation FROM job_fence WHERE job_id = ?"
         if isinstance(job, str) and (row := conn.execute(sql, (job,)).fetchone()):
             current = row[1] if row[0] == 0 else tuple(row)
-    return StaleGeneration(offered, current, job)
+    return StaleGeneration(named.get("generation"), current, job)
 
 
 @contextlib.contextmanager
 def transaction(db) -> Iterator[sqlite3.Connection]:
-    """``BEGIN IMMEDIATE``, then ``COMMIT`` on success or ``ROLLBACK`` on any exception.
-
-    A trigger's refusal met as a bare ``sqlite3`` error (a sqlite-utils insert) leaves translated.
-    """
+    """``BEGIN IMMEDIATE``, then ``COMMIT`` on success or ``ROLLBACK`` on any exception."""
     conn = check_db(db)
     if in_transaction(conn):
         raise BadArgument("db", "a transaction is already open on this connection")
@@ -199,7 +172,7 @@ def transaction(db) -> Iterator[sqlite3.Connection]:
         with contextlib.suppress(sqlite3.Error, LabkitError):
             execute(conn, "ROLLBACK")
         if isinstance(exc, sqlite3.Error) and str(exc).startswith("labkit: "):
-            raise _translate(exc, conn) from exc
+            raise _translate(exc, conn) from exc  # a trigger's refusal met by a sqlite-utils call
         raise
 
 
@@ -212,10 +185,7 @@ def in_transaction(db) -> bool:
 
 
 def ensure(db, probe: str, probe_params: Any, statement: str, params: Any = ()) -> bool:
-    """Run ``statement`` unless ``probe`` finds a row, probing again under the write lock.
-
-    Already there (the common case) is one read. Inside an open transaction it joins it.
-    """
+    """Run ``statement`` unless ``probe`` finds a row (probing again under the write lock)."""
     if execute(db, probe, probe_params):
         return False
     with contextlib.nullcontext() if in_transaction(db) else transaction(db):

@@ -1,9 +1,4 @@
-"""labkit's errors: one base class, a few subclasses, each carrying its data.
-
-Bad arguments are also ``ValueError`` or ``TypeError``; each message says what to do.
-"""
-
-from __future__ import annotations
+"""labkit's errors: one base class, a few subclasses; each carries its data and says what to do."""
 
 import math
 
@@ -19,8 +14,8 @@ def check_number(
 ):
     """Return ``value`` as a float (an int when ``integer``), or raise naming ``argument``.
 
-    Bools and non-numbers are a BadArgumentType; NaN, infinities, negatives (unless
-    ``signed``), zero when ``positive`` and values outside ``low`` .. ``high`` a BadArgument.
+    Bools and non-numbers are a BadArgumentType; NaN, infinities, negatives (unless ``signed``),
+    zero when ``positive`` and values outside ``low`` .. ``high`` a BadArgument.
     """
     if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
         kind = "an int" if integer else "a number"
@@ -81,10 +76,7 @@ class LeaseLost(LabkitError):
 
 
 class StaleGeneration(LabkitError):
-    """The fence of ``job`` is at ``current``, above the ``offered`` token; nothing was written.
-
-    Each is None when unknown (e.g. a protected table refused a row bound by position).
-    """
+    """The fence of ``job`` is at ``current``, above the ``offered`` token (None when unknown)."""
 
     def __init__(self, offered, current, job: str | None = None) -> None:
         self.offered, self.current, self.job = offered, current, job
@@ -119,7 +111,6 @@ class KeyNotRecorded(LabkitError):
 class Busy(LabkitError):
     """The database stayed locked past the busy timeout ``timeout_ms``; nothing was written."""
 
-    def __init__(self, timeout_ms: int | None = None) -> None:
+    def __init__(self, timeout_ms: int) -> None:
         self.timeout_ms = timeout_ms
-        after = f" after {timeout_ms} ms" if timeout_ms is not None else ""
-        super().__init__(f"database is locked{after}; another writer holds it, retry later")
+        super().__init__(f"database still locked after {timeout_ms} ms by another writer; retry")

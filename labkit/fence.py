@@ -1,9 +1,8 @@
 """The fence: where the effect happens, remember the highest token and refuse lower ones.
 
-A token is a generation ``n`` (meaning ``(0, n)``) or an ``(epoch, counter)`` pair,
-compared as SQLite row values, so one conditional ``UPDATE`` serves both. Equal tokens
-pass: one owner may write several times. That is why a fence is not duplicate
-suppression; :func:`labkit.run_once` is.
+A token is a generation ``n`` (meaning ``(0, n)``) or an ``(epoch, counter)`` pair, compared as
+SQLite row values, so one conditional ``UPDATE`` serves both. Equal tokens pass: one owner may
+write several times. That is why a fence is not duplicate suppression; :func:`labkit.run_once` is.
 """
 
 from __future__ import annotations
@@ -25,8 +24,16 @@ class Fence:
     """The permanent fence row of one job in ``job_fence``: the highest token accepted so far.
 
     >>> from labkit import connect
-    >>> Fence(connect(), "invoice-run")
-    Fence(job='invoice-run')
+    >>> fence = Fence(connect(), "job")
+    >>> with fence.guard(8) as tx:
+    ...     tx.execute("INSERT INTO invoices VALUES ('job', 'INV-1', 100, 8) RETURNING amount")
+    [(100,)]
+    >>> with fence.guard(7) as tx:
+    ...     _ = tx.execute("INSERT INTO invoices VALUES ('job', 'INV-2', 90, 7)")
+    Traceback (most recent call last):
+    labkit.errors.StaleGeneration: generation 7 is below the fence of job 'job' (already...
+    >>> fence.current()
+    8
     """
 
     def __init__(self, db, job: str) -> None:
@@ -38,63 +45,34 @@ class Fence:
     def guard(self, generation) -> Iterator[Tx]:
         """``BEGIN IMMEDIATE``; raise the fence to ``generation`` or refuse; the block; ``COMMIT``.
 
-        A row back from the one conditional ``UPDATE`` means accepted; the raised fence and
-        the block's writes (through the yielded :class:`Tx`) commit or roll back together.
-
-        >>> from labkit import connect
-        >>> fence = Fence(connect(), "job")
-        >>> with fence.guard(8) as tx:
-        ...     _ = tx.execute("INSERT INTO invoices VALUES ('job', 'INV-1', 100, 8)")
-        >>> with fence.guard(7) as tx:
-        ...     _ = tx.execute("INSERT INTO invoices VALUES ('job', 'INV-2', 90, 7)")
-        Traceback (most recent call last):
-        labkit.errors.StaleGeneration: generation 7 is below the fence of job 'job' (already...
+        The raised fence and the block's writes (through the yielded :class:`Tx`) commit together.
         """
         epoch, counter = token(generation)
         with transaction(self.db) as conn:
-            raised = execute(
-                conn,
-                """
-                UPDATE job_fence SET epoch = :epoch, generation = :generation
+            sql = """UPDATE job_fence SET epoch = :epoch, generation = :generation
                 WHERE job_id = :job AND (epoch, generation) <= (:epoch, :generation)
-                RETURNING epoch, generation""",
-                {"epoch": epoch, "generation": counter, "job": self.job},
-            )
-            if not raised:
+                RETURNING epoch, generation"""
+            params = {"epoch": epoch, "generation": counter, "job": self.job}
+            if not execute(conn, sql, params):  # no row back: the fence is above this token
                 raise StaleGeneration(show((epoch, counter)), self.current(), self.job)
             with _Block() as block:
                 yield Tx(conn, (epoch, counter), self.job, block)  # the effect, in this transaction
 
     def current(self) -> int | tuple[int, int]:
-        """Return the highest token accepted (an int while the epoch is 0); a lost row is an error.
-
-        >>> from labkit import connect
-        >>> Fence(connect(), "job").current()
-        0
-        """
+        """Return the highest token accepted (an int while the epoch is 0); a lost row raises."""
         sql = "SELECT epoch, generation FROM job_fence WHERE job_id = ?"
         if not (rows := execute(self.db, sql, (self.job,))):
-            gone = f"the fence row of job {self.job!r} is gone: a fence must never be reset"
-            raise LabkitError(f"{gone}; restore it with its highest token")
+            raise LabkitError(f"the fence row of {self.job!r} is gone: it must never be reset")
         return show(rows[0])
 
     def protect(self, table: str, column: str = "generation") -> None:
         """Install SQLite triggers so that ``table`` refuses rows with a stale token, from anyone.
 
-        Covered: an ``INSERT`` or ``UPDATE`` whose new row carries in ``column`` an int ``n``
-        (meaning ``(0, n)``) below the fence of its ``job_id`` is aborted whole; a row really
-        written raises that fence. A row without an int token, a job, or a fence row (made by
-        ``Fence(db, job)``) is refused, and no fence row may be lowered, renamed or deleted.
-        Not covered: an ``UPDATE`` leaving ``column`` unchanged (it keeps the row's old token),
-        a ``DELETE`` of a protected row, and dropping the triggers: such writers need
-        :meth:`guard`. Existing rows raise their fences; calling it again changes nothing.
-
-        >>> from labkit import connect
-        >>> db = connect(); Fence(db, "job").protect("invoices")
-        >>> _ = execute(db, "INSERT INTO invoices VALUES ('job', 'INV-1', 120, 8)")
-        >>> execute(db, "INSERT INTO invoices VALUES ('job', 'INV-2', 100, 7)")
-        Traceback (most recent call last):
-        labkit.errors.StaleGeneration: a stale generation is below the fence; ...
+        Covered: an ``INSERT`` or ``UPDATE`` whose new row carries in ``column`` an int below the
+        fence of its ``job_id`` is aborted whole; a row really written raises that fence, and so
+        do the rows already there. A row without an int token, a job, or a fence row is refused;
+        no fence row may be lowered, renamed or deleted. Not covered: an ``UPDATE`` leaving
+        ``column`` unchanged, a ``DELETE`` of a protected row, dropping the triggers.
         """
         table, column = check_name(table, "table"), check_name(column, "column")
         if table.lower() in _OWN_TABLES:
@@ -107,19 +85,14 @@ class Fence:
             raise BadArgument("table", f"{table!r} has no job_id column, the fenced job of a row")
         if column.lower() not in columns:
             raise BadArgument("column", f"{table!r} has no column {column!r}")
-        t, c = quote(table), quote(column)
+        quoted = {"table": quote(table), "column": quote(column)}
         with transaction(self.db):
             for statement in _ONCE:
-                execute(self.db, statement.format(table=t, column=c))
+                execute(self.db, statement.format(**quoted))
             for event in ("INSERT", "UPDATE"):
                 for when, trigger in (("check", _CHECK_ROW), ("raise", _RAISE_FENCE)):
                     name = quote(f"labkit_fence:{len(table)}:{table}:{column}:{event}:{when}")
-                    execute(self.db, trigger.format(name=name, event=event, table=t, column=c))
-            sql = "INSERT INTO labkit_protected VALUES (?, ?) ON CONFLICT DO NOTHING"
-            execute(self.db, sql, (table, column))
-
-    def __repr__(self) -> str:
-        return f"Fence(job={self.job!r})"
+                    execute(self.db, trigger.format(name=name, event=event, **quoted))
 
 
 def token(generation: Any, argument: str = "generation") -> tuple[int, int]:
@@ -127,18 +100,13 @@ def token(generation: Any, argument: str = "generation") -> tuple[int, int]:
     if not isinstance(generation, (tuple, list)):
         return 0, check_number(generation, argument, integer=True, high=MAX_INT)
     if len(generation) != 2:
-        raise BadArgument(
-            argument, f"must be an int or an (epoch, counter) pair, got {generation!r}"
-        )
+        raise BadArgument(argument, f"must be an int or an (epoch, counter), got {generation!r}")
     return tuple(check_number(n, argument, integer=True, high=MAX_INT) for n in generation)
 
 
 def show(pair: tuple[int, int]) -> int | tuple[int, int]:
     """Show a token the way a student wrote it: an int while the epoch is 0."""
     return pair[1] if pair[0] == 0 else tuple(pair)
-
-
-# --- the transaction a guard hands out, alive only inside its with block -----------------------
 
 
 class _Block:
@@ -157,8 +125,7 @@ class _Block:
 class Tx:
     """The open transaction ``conn`` of a guard whose fence (of ``job``) accepted ``token``.
 
-    :func:`unfenced` and ``Tx(conn, token)`` by hand give ``job`` None. Once its ``with`` block
-    ends, :meth:`execute` and every store refuse it, even inside a later transaction.
+    ``job`` is None for :func:`unfenced`. Once its ``with`` block ends, it is refused everywhere.
     """
 
     conn: Any
@@ -181,13 +148,7 @@ class Tx:
         return (self._block is None or self._block.open) and in_transaction(self.conn)
 
     def execute(self, sql: str, params: Any = ()) -> list[tuple]:
-        """Run one statement in this transaction (a BadArgument after the block); return all rows.
-
-        >>> from labkit import connect
-        >>> with Fence(connect(), "job").guard(1) as tx:
-        ...     tx.execute("SELECT generation FROM job_fence")
-        [(1,)]
-        """
+        """Run one statement in this transaction and return all rows (refused after the block)."""
         if not self.live:
             raise BadArgument("tx", "this transaction has ended; write inside the with block")
         return execute(self.conn, sql, params)
@@ -206,21 +167,18 @@ def unfenced(db, generation=0) -> Iterator[Tx]:
         yield Tx(conn, pair, None, block)
 
 
-def check_tx(tx, db, job: str | None, argument: str = "tx", *, fenced: bool = True) -> Tx:
-    """Return ``tx`` if it is live on ``db``'s connection and fenced by ``job``, else raise.
-
-    ``job`` None accepts any job; ``fenced=False`` accepts an unfenced ``Tx`` too.
-    """
+def check_tx(tx, db, job: str | None) -> Tx:
+    """Return ``tx`` if it is live on ``db`` and fenced by ``job`` (None: any), else raise."""
     if not isinstance(tx, Tx):
-        raise BadArgumentType(argument, f"must be a Tx from Fence.guard, got {type(tx).__name__}")
+        raise BadArgumentType("tx", f"must be a Tx from Fence.guard, got {type(tx).__name__}")
     if not tx.live:
-        raise BadArgument(argument, "its transaction has ended; use it inside its with block")
+        raise BadArgument("tx", "its transaction has ended; use it inside its with block")
     if tx.conn is not check_db(db):
-        raise BadArgument(argument, "is a transaction on another database connection")
-    if tx.job is None and fenced:
-        raise BadArgument(argument, "is not fenced: open it with Fence(db, job).guard(token)")
+        raise BadArgument("tx", "is a transaction on another database connection")
+    if job is not None and tx.job is None:
+        raise BadArgument("tx", "is not fenced: open it with Fence(db, job).guard(token)")
     if job is not None and tx.job != job:
-        raise BadArgument(argument, f"was accepted by the fence of job {tx.job!r}, not {job!r}")
+        raise BadArgument("tx", f"was accepted by the fence of job {tx.job!r}, not {job!r}")
     return tx
 
 
@@ -228,10 +186,8 @@ def check_tx(tx, db, job: str | None, argument: str = "tx", *, fenced: bool = Tr
 # Only quoted identifiers are formatted in (a trigger takes no parameters); the RAISE texts are
 # fixed, and labkit.db turns them into labkit's errors.
 
-_OWN_TABLES = {"job_fence", "lease_counter", "leases", "idempotency_keys", "labkit_protected"}
+_OWN_TABLES = {"job_fence", "lease_counter", "leases", "idempotency_keys"}
 _ONCE = (
-    """CREATE TABLE IF NOT EXISTS labkit_protected (
-    table_name TEXT, column_name TEXT, PRIMARY KEY (table_name, column_name))""",
     # the rows already there raise their jobs' fences (never lowering one)
     """INSERT INTO job_fence(job_id, epoch, generation)
     SELECT t.job_id, 0, max(t.{column}) FROM {table} AS t LEFT JOIN job_fence AS f USING (job_id)
@@ -253,11 +209,9 @@ _ONCE = (
     BEGIN SELECT RAISE(ABORT, 'labkit: stale generation'); END""",
 )
 
-# Before a row is written, judge it: a row carrying exactly its fence's token passes at once.
+# Before a row is written, judge it.
 _CHECK_ROW = """
 CREATE TRIGGER IF NOT EXISTS {name} BEFORE {event} ON {table}
-WHEN NOT EXISTS (SELECT 1 FROM job_fence WHERE job_id = NEW.job_id AND epoch = 0
-                 AND generation = NEW.{column} AND typeof(NEW.{column}) = 'integer')
 BEGIN
     SELECT CASE
         WHEN typeof(NEW.{column}) <> 'integer'

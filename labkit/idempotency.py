@@ -1,12 +1,9 @@
 """Idempotency: the current owner must not repeat an effect.
 
-A fence lets every write of the current generation through, so a retried insert or a
-repeated charge within one generation is not the fence's problem. :func:`run_once`
-records an operation key in the same transaction as the effect: the key and the
-effect commit together or not at all.
+A fence lets every write of the current generation through, so a retried charge within one
+generation is not the fence's problem. :func:`run_once` records an operation key in the same
+transaction as the effect: the key and the effect commit together or not at all.
 """
-
-from __future__ import annotations
 
 import contextlib
 import json
@@ -24,11 +21,7 @@ UNDONE = "the effect rolled back run_once's savepoint (ROLLBACK TO run_once); ra
 
 
 def canonical(value: Any, argument: str) -> str:
-    """``value`` as canonical JSON (sorted keys, no spaces, no NaN), or raise naming ``argument``.
-
-    >>> canonical({"b": 1, "a": [1, 2]}, "payload")
-    '{"a":[1,2],"b":1}'
-    """
+    """``value`` as sorted, compact JSON without NaN, or raise BadArgument naming ``argument``."""
     try:
         return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -38,12 +31,10 @@ def canonical(value: Any, argument: str) -> str:
 def run_once(db_or_tx, key: str, effect: Callable[[Tx], Any], *, payload: Any = None) -> Any:
     """Call ``effect(tx)`` once per ``key`` and return its result, as JSON gives it back.
 
-    The key and the effect's writes commit together. A repeat with the same key returns the
-    stored result without calling ``effect``; with another ``payload`` it raises KeyReused.
-    Given a database it opens its own ``BEGIN IMMEDIATE`` (the effect's ``tx`` is unfenced);
-    given a guard's ``tx`` it joins it, in ``SAVEPOINT run_once``. If ``effect`` raises, nothing
-    is recorded; a nested call with the same key, or an effect that ends the transaction or
-    the savepoint, is a KeyNotRecorded.
+    The key and the effect's writes commit together; a repeat returns the stored result without
+    calling ``effect`` (KeyReused if its ``payload`` differs). Given a database it opens its own
+    ``BEGIN IMMEDIATE``; given a guard's ``tx`` it joins it in ``SAVEPOINT run_once``. If ``effect``
+    raises, nothing is recorded; an effect that ends either, or meets its key, is KeyNotRecorded.
 
     >>> from labkit import connect
     >>> db = connect()

@@ -3,8 +3,6 @@ old holder (that is the fence's job). Generations come from ``lease_counter``, a
 per name that releasing or expiring leases never touches, so each one is above all before it.
 """
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass
 
@@ -18,10 +16,9 @@ __all__ = ["Lease", "LeaseAuthority"]
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """A lease as granted; its fields are checked by name when it is made.
+    """``name`` held by ``owner`` with the fencing token ``generation`` until ``expires_at``.
 
-    ``name`` is held by ``owner`` with the fencing token ``generation`` (strictly increasing
-    per name) until the authority's time ``expires_at``; a renewal adds ``ttl`` seconds.
+    Generations strictly increase per name; a renewal extends to now + ``ttl`` seconds.
     """
 
     name: str
@@ -41,11 +38,19 @@ class Lease:
 class LeaseAuthority:
     """Grants, renews and releases leases, reading time from ``clock``.
 
-    Each operation is one ``BEGIN IMMEDIATE`` decided by one conditional statement.
+    Each write is one ``BEGIN IMMEDIATE`` decided by one conditional statement.
 
     >>> from labkit import connect, VirtualClock
-    >>> LeaseAuthority(connect(), VirtualClock()).acquire("job", "A", ttl=10)
-    Lease(name='job', owner='A', generation=1, expires_at=10.0, ttl=10.0)
+    >>> clock = VirtualClock()
+    >>> leases = LeaseAuthority(connect(), clock)
+    >>> a = leases.acquire("job", "A", ttl=10)
+    >>> a.generation, leases.try_acquire("job", "B", ttl=10)
+    (1, None)
+    >>> _ = clock.advance(7)
+    >>> leases.renew(a).expires_at, leases.current("job").owner
+    (17.0, 'A')
+    >>> leases.release(a), leases.current("job"), leases.acquire("job", "B", ttl=10).generation
+    (None, None, 2)
     """
 
     def __init__(self, db, clock: Clock) -> None:
@@ -53,46 +58,27 @@ class LeaseAuthority:
         self.db, self.clock = db, check_clock(clock)
 
     def try_acquire(self, name: str, owner: str, ttl: float) -> Lease | None:
-        """Return a new :class:`Lease` with the next generation, or None while ``name`` is held.
-
-        >>> from labkit import connect, VirtualClock
-        >>> leases = LeaseAuthority(connect(), VirtualClock())
-        >>> leases.try_acquire("job", "A", 10).generation, leases.try_acquire("job", "B", 10)
-        (1, None)
-        """
+        """Return a new :class:`Lease` with the next generation, or None while ``name`` is held."""
         name, owner = check_name(name, "name"), check_name(owner, "owner")
         ttl = check_number(ttl, "ttl", positive=True)
         with transaction(self.db):
             now = read_clock(self.clock)
-            if not math.isfinite(now + ttl):
-                raise BadArgument("ttl", f"now + ttl must be finite, got {now} + {ttl}")
+            expires_at = _expiry(now, ttl, "ttl")
             sql = "INSERT INTO lease_counter VALUES (?, 0) ON CONFLICT(name) DO NOTHING"
             execute(self.db, sql, (name,))
-            won = execute(
-                self.db,
-                """
-                UPDATE lease_counter SET generation = generation + 1
-                WHERE name = :name AND NOT EXISTS (
-                    SELECT 1 FROM leases WHERE name = :name AND expires_at > :now)
-                RETURNING generation""",
-                {"name": name, "now": now},
-            )
+            sql = """UPDATE lease_counter SET generation = generation + 1 WHERE name = :name
+                AND NOT EXISTS (SELECT 1 FROM leases WHERE name = :name AND expires_at > :now)
+                RETURNING generation"""
+            won = execute(self.db, sql, {"name": name, "now": now})
             if not won:
                 return None
-            lease = Lease(name, owner, won[0][0], now + ttl, ttl)
+            lease = Lease(name, owner, won[0][0], expires_at, ttl)
             sql = "INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?)"
-            execute(self.db, sql, (name, owner, lease.generation, lease.expires_at, ttl))
+            execute(self.db, sql, (name, owner, lease.generation, expires_at, ttl))
             return lease
 
     def acquire(self, name: str, owner: str, ttl: float) -> Lease:
-        """Like :meth:`try_acquire`, but a held name raises LeaseHeld, even for its holder.
-
-        >>> from labkit import connect, VirtualClock
-        >>> clock = VirtualClock(); leases = LeaseAuthority(connect(), clock)
-        >>> a, _ = leases.acquire("job", "A", ttl=10), clock.advance(10)
-        >>> leases.acquire("job", "B", ttl=10).generation
-        2
-        """
+        """Like :meth:`try_acquire`, but a held name raises LeaseHeld, even for its holder."""
         lease = self.try_acquire(name, owner, ttl)
         if lease is None:
             held = self.current(name)
@@ -102,39 +88,21 @@ class LeaseAuthority:
         return lease
 
     def renew(self, lease: Lease) -> Lease:
-        """Return ``lease`` extended to ``now + lease.ttl``, or raise LeaseLost if it is lost.
-
-        >>> from labkit import connect, VirtualClock
-        >>> clock = VirtualClock(); leases = LeaseAuthority(connect(), clock)
-        >>> a, _ = leases.acquire("job", "A", ttl=10), clock.advance(7)
-        >>> leases.renew(a).expires_at
-        17.0
-        """
+        """Return ``lease`` extended to now + ``lease.ttl``, or raise LeaseLost."""
         lease = _check_lease(lease)
         with transaction(self.db):
             now = read_clock(self.clock)
-            expires_at = now + lease.ttl
-            if not math.isfinite(expires_at):
-                raise BadArgument("lease", f"now + ttl must be finite, got {now} + {lease.ttl}")
-            changed = rowcount(
-                self.db,
-                """
-                UPDATE leases SET expires_at = ?
-                WHERE name = ? AND owner = ? AND generation = ? AND expires_at > ?""",
-                (expires_at, lease.name, lease.owner, lease.generation, now),
-            )
+            expires_at = _expiry(now, lease.ttl, "lease")
+            sql = """UPDATE leases SET expires_at = ?
+                WHERE name = ? AND owner = ? AND generation = ? AND expires_at > ?"""
+            params = (expires_at, lease.name, lease.owner, lease.generation, now)
+            changed = rowcount(self.db, sql, params)
         if changed != 1:
             raise LeaseLost(lease.name, lease.owner, lease.generation)
         return Lease(lease.name, lease.owner, lease.generation, expires_at, lease.ttl)
 
     def release(self, lease: Lease) -> None:
-        """Delete ``lease`` if owner and generation still match, else raise LeaseLost.
-
-        >>> from labkit import connect, VirtualClock
-        >>> leases = LeaseAuthority(connect(), VirtualClock())
-        >>> leases.release(leases.acquire("job", "A", ttl=10)), leases.current("job")
-        (None, None)
-        """
+        """Delete ``lease`` if owner and generation still match, else raise LeaseLost."""
         lease = _check_lease(lease)
         with transaction(self.db):
             sql = "DELETE FROM leases WHERE name = ? AND owner = ? AND generation = ?"
@@ -143,24 +111,16 @@ class LeaseAuthority:
             raise LeaseLost(lease.name, lease.owner, lease.generation)
 
     def current(self, name: str) -> Lease | None:
-        """Return the unexpired lease on ``name``, or None. A read: it never blocks.
-
-        >>> from labkit import connect, VirtualClock
-        >>> leases = LeaseAuthority(connect(), VirtualClock())
-        >>> leases.acquire("job", "A", ttl=10) == leases.current("job")
-        True
-        """
-        name = check_name(name, "name")
-        rows = execute(
-            self.db,
-            "SELECT name, owner, generation, expires_at, ttl FROM leases "
-            "WHERE name = ? AND expires_at > ?",
-            (name, read_clock(self.clock)),
-        )
+        """Return the unexpired lease on ``name``, or None. A read: it never blocks."""
+        sql = "SELECT * FROM leases WHERE name = ? AND expires_at > ?"
+        rows = execute(self.db, sql, (check_name(name, "name"), read_clock(self.clock)))
         return Lease(*rows[0]) if rows else None
 
-    def __repr__(self) -> str:
-        return f"LeaseAuthority(clock={self.clock!r})"
+
+def _expiry(now: float, ttl: float, argument: str) -> float:
+    if not math.isfinite(now + ttl):
+        raise BadArgument(argument, f"now + ttl must be finite, got {now} + {ttl}")
+    return now + ttl
 
 
 def _check_lease(lease) -> Lease:

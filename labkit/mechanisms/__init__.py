@@ -1,7 +1,10 @@
-"""The mechanisms of lessons 04-08, built on the core.
+"""Lessons 04-08's mechanisms: issuers (04), timing (05-06), recovery (07), effects (08)."""
 
-* :mod:`labkit.mechanisms.issuers` (lesson 04): who issues the numbers; epochs.
-* :mod:`labkit.mechanisms.timing` (lessons 05-06): deadlines, backoff, version waits.
-* :mod:`labkit.mechanisms.recovery` (lesson 07): durable claims, progress and sweepers.
-* :mod:`labkit.mechanisms.effects` (lesson 08): fenced files, emails, outbox, payments.
-"""
+from labkit.errors import BadArgumentType
+
+
+def check_type(value, kind: type, argument: str):
+    """Return ``value`` if it is a ``kind``; else raise BadArgumentType naming ``argument``."""
+    if not isinstance(value, kind):
+        raise BadArgumentType(argument, f"must be a {kind.__name__}, got {type(value).__name__}")
+    return value

@@ -60,12 +60,11 @@ class FencedFileStore:
     A write stores the bytes as a blob ``blobs/<sha256>`` (temp file, atomic rename), then
     points the ``files`` row at it inside the guard: a stale write leaves only a stray blob.
 
-    Example:
-        >>> import tempfile; from labkit import connect
-        >>> store = FencedFileStore(connect(), tempfile.mkdtemp(), "invoice-run")
-        >>> _ = store.write("report.txt", b"run 8", 8)
-        >>> store.read("report.txt"), store.generation("report.txt")
-        (b'run 8', 8)
+    >>> import tempfile; from labkit import connect
+    >>> store = FencedFileStore(connect(), tempfile.mkdtemp(), "invoice-run")
+    >>> _ = store.write("report.txt", b"run 8", 8)
+    >>> store.read("report.txt"), store.generation("report.txt")
+    (b'run 8', 8)
     """
 
     def __init__(self, db, directory, job: str) -> None:
@@ -79,8 +78,7 @@ class FencedFileStore:
     def write(self, name: str, data: bytes, generation, *, tx: Tx | None = None) -> str:
         """Replace file ``name`` by ``data`` if ``generation`` passes the fence; return the blob id.
 
-        With ``tx`` (a live guard of this store's job at ``generation``, on this connection)
-        the write joins it. Raises StaleGeneration (file unchanged) or BadArgument (``tx``).
+        With ``tx`` (a live guard of this store's job at ``generation``) the write joins it.
         """
         name, data, offered = check_name(name, "name"), _bytes(data, "data"), token(generation)
         if tx is None:
@@ -99,11 +97,8 @@ class FencedFileStore:
             with os.fdopen(handle, "wb") as out:
                 out.write(data)
             os.replace(temp, final)
-        tx.execute(
-            "INSERT OR REPLACE INTO files(name, epoch, generation, blob, size) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (name, *tx.token, blob, len(data)),
-        )
+        sql = "INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?)"  # in the order of _SCHEMA
+        tx.execute(sql, (name, *tx.token, blob, len(data)))
         return blob
 
     def read(self, name: str) -> bytes | None:
@@ -126,11 +121,8 @@ class FencedFileStore:
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """What a provider answered.
-
-    Attributes:
-        id: its id for the email or charge. replayed: the key was known, nothing new happened.
-    """
+    """What a provider answered: its ``id`` for the email or charge, and ``replayed``
+    (True if the key was known and nothing new happened)."""
 
     id: int
     replayed: bool
@@ -147,10 +139,7 @@ class _Provider:
         _ensure(db, "provider_records", "provider_keys")
 
     def deliver(self, payload: dict, *, idempotency_key: str | None = None) -> Delivery:
-        """Carry out the effect once per remembered key; without a key, every time.
-
-        Raises KeyReused (nothing happens) if the key is known with another payload.
-        """
+        """Carry out the effect once per remembered key (KeyReused for another payload)."""
         offered = canonical(payload, "payload")
         key = None if idempotency_key is None else check_name(idempotency_key, "idempotency_key")
         where = {"kind": self.kind, "key": key, "now": read_clock(self.clock), "ttl": self.key_ttl}
@@ -214,10 +203,7 @@ class PaymentProvider(_Provider):
 
 
 class Outbox:
-    """Effect intents written inside the fenced transaction, delivered later by a relay.
-
-    With ``job``, :meth:`add` accepts only transactions of that job's fence.
-    """
+    """Intents written in a fenced transaction (of ``job``'s fence, if given), relayed later."""
 
     def __init__(self, db, clock: Clock, *, job: str | None = None) -> None:
         self.db, self.clock = db, check_clock(clock)
@@ -226,7 +212,8 @@ class Outbox:
 
     def add(self, tx: Tx, key: str, kind: str, payload: dict) -> bool:
         """Record the intent with its token in the fenced ``tx``; False if ``key`` exists."""
-        check_tx(tx, self.db, self.job)
+        if check_tx(tx, self.db, self.job).job is None:
+            raise BadArgument("tx", "is not fenced: open it with Fence(db, job).guard(token)")
         row = (check_name(key, "key"), check_name(kind, "kind"), canonical(payload, "payload"))
         rows = tx.execute(
             "INSERT INTO outbox(key, kind, payload, epoch, generation, state, created_at) "
@@ -263,8 +250,7 @@ class Outbox:
     def relay(self, provider: _Provider) -> list[str]:
         """Deliver each pending row of ``provider.kind`` under its key, mark it; return keys marked.
 
-        After a crash between the two, the next relay delivers again and the provider replays.
-        """
+        After a crash between the two, the next relay delivers again and the provider replays."""
         done = []
         for key, _kind, payload, _generation in self.pending(provider.kind):
             if self.mark_sent(key, provider.deliver(payload, idempotency_key=key).id):
@@ -272,11 +258,8 @@ class Outbox:
         return done
 
     def reconcile(self, provider: _Provider) -> dict[str, tuple]:
-        """Compare with ``provider``'s records and mark what it delivered.
-
-        Returns ``{"confirmed": keys now marked, "missing": sent keys the provider lacks,
-        "unknown": ids of records sent around the outbox}``.
-        """
+        """Mark what ``provider``'s records show delivered; return ``{"confirmed": keys now
+        marked, "missing": sent keys it lacks, "unknown": ids sent around the outbox}``."""
         records = provider.records()
         theirs = {r["idempotency_key"]: r["id"] for r in records}
         query = "SELECT key, state FROM outbox WHERE kind = ? ORDER BY key"

@@ -11,19 +11,12 @@ import sqlite3
 
 from labkit.clock import Clock, check_clock, read_clock
 from labkit.db import check_db, check_name, connect, ensure_schema, execute, rowcount, transaction
-from labkit.errors import MAX_INT, BadArgument, BadArgumentType, LabkitError, check_number
+from labkit.errors import MAX_INT, BadArgument, LabkitError, check_number
 from labkit.fence import show, token
+from labkit.mechanisms import check_type
 
-__all__ = [
-    "EpochAuthority",
-    "EpochIssuer",
-    "ReplicatedIssuer",
-    "backup",
-    "restore",
-    "cleanup_expired",
-    "naive_cleanup",
-    "bump_is_safe",
-]
+__all__ = ["EpochAuthority", "EpochIssuer", "ReplicatedIssuer", "backup", "restore"]
+__all__ += ["cleanup_expired", "naive_cleanup", "bump_is_safe"]
 
 _SCHEMA = {
     "epoch_counter": """CREATE TABLE epoch_counter (
@@ -77,10 +70,9 @@ class EpochAuthority:
 
 
 class EpochIssuer:
-    """Issues tokens ``(epoch, counter)`` from one row, shown as a plain int in epoch 0.
+    """Tokens ``(epoch, counter)`` from one row, shown as a plain int in epoch 0.
 
-    After a failover or a restore, call :meth:`start_epoch` before issuing again.
-    """
+    After a failover or a restore, call :meth:`start_epoch` before issuing again."""
 
     def __init__(self, db, name: str) -> None:
         self.db, self.name = db, check_name(name, "name")
@@ -94,13 +86,8 @@ class EpochIssuer:
     def start_epoch(self, authority: EpochAuthority) -> int:
         """Take a new epoch from ``authority``, restart the counter in it, and return it.
 
-        Raises BadArgument if the row's epoch is not below the new one (the wrong authority).
-        """
-        if not isinstance(authority, EpochAuthority):
-            raise BadArgumentType(
-                "authority", f"must be an EpochAuthority, got {type(authority).__name__}"
-            )
-        epoch = authority.next_epoch(self.name)
+        Raises BadArgument if the row's epoch is not below the new one (the wrong authority)."""
+        epoch = check_type(authority, EpochAuthority, "authority").next_epoch(self.name)
         with transaction(self.db):
             moved = execute(
                 self.db,
@@ -121,22 +108,18 @@ class EpochIssuer:
 
     def current(self) -> int | tuple[int, int]:
         """Return the last token issued (0 if none)."""
-        rows = execute(
-            self.db, "SELECT epoch, counter FROM epoch_counter WHERE name = ?", (self.name,)
-        )
+        sql = "SELECT epoch, counter FROM epoch_counter WHERE name = ?"
+        rows = execute(self.db, sql, (self.name,))
         return show(rows[0]) if rows else 0
 
 
 class ReplicatedIssuer:
     """An issuer on a primary whose log reaches a replica ``lag`` seconds later (two files).
 
-    :meth:`failover` promotes the replica: what was still in flight is issued again.
-
-    Example:
-        >>> from labkit import connect, VirtualClock
-        >>> issuer = ReplicatedIssuer(connect(), connect(), VirtualClock(), "run", lag=5)
-        >>> issuer.issue(), issuer.failover(), issuer.issue()   # lost in flight, issued again
-        (1, 1, 1)
+    >>> from labkit import connect, VirtualClock
+    >>> issuer = ReplicatedIssuer(connect(), connect(), VirtualClock(), "run", lag=5)
+    >>> issuer.issue(), issuer.failover(), issuer.issue()   # lost in flight, issued again
+    (1, 1, 1)
     """
 
     def __init__(self, primary, replica, clock: Clock, name: str, *, lag: float) -> None:
@@ -173,14 +156,10 @@ class ReplicatedIssuer:
             "WHERE seq > ? AND committed_at + ? <= ? ORDER BY seq",
             (self._applied(), self.lag, read_clock(self.clock)),
         )
-        if not due:
-            return 0
-        seq = due[-1][0]
-        apply = "INSERT OR REPLACE INTO epoch_counter VALUES (?, ?, ?)"
         with transaction(self.replica):
-            for _seq, *row in due:
-                execute(self.replica, apply, row)
-            execute(self.replica, "INSERT OR REPLACE INTO repl_applied VALUES (1, ?)", (seq,))
+            for seq, *row in due:
+                execute(self.replica, "INSERT OR REPLACE INTO epoch_counter VALUES (?, ?, ?)", row)
+                execute(self.replica, "INSERT OR REPLACE INTO repl_applied VALUES (1, ?)", (seq,))
         return len(due)
 
     def failover(self) -> int:
@@ -188,9 +167,8 @@ class ReplicatedIssuer:
         if self.replica is None:
             raise BadArgument("replica", "already promoted; there is no replica left")
         self.replicate()
-        lost = execute(
-            self.primary, "SELECT count(*) FROM repl_log WHERE seq > ?", (self._applied(),)
-        )[0][0]
+        sql = "SELECT count(*) FROM repl_log WHERE seq > ?"
+        lost = execute(self.primary, sql, (self._applied(),))[0][0]
         self.primary, self.replica = self.replica, None
         return lost
 
@@ -225,7 +203,6 @@ def restore(db, path: str) -> None:
 
 
 def _cleanup(db, clock: Clock, name: str, *, counter_too: bool) -> int:
-    check_db(db)
     now, name = read_clock(clock), check_name(name, "name")
     with transaction(db):
         gone = rowcount(db, "DELETE FROM leases WHERE name = ? AND expires_at <= ?", (name, now))
@@ -247,8 +224,7 @@ def naive_cleanup(db, clock: Clock, name: str) -> int:
 def bump_is_safe(restored, constant: int, highest_issued) -> bool:
     """Whether ``restored + constant >= highest_issued``: the next token is above every old one.
 
-    The catch: after a disaster ``highest_issued`` is exactly the number that was lost.
-    """
+    The catch: after a disaster ``highest_issued`` is exactly the number that was lost."""
     restored, highest = token(restored, "restored"), token(highest_issued, "highest_issued")
     constant = check_number(constant, "constant", integer=True, high=MAX_INT)
     return (restored[0], restored[1] + constant) >= highest

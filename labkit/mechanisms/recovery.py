@@ -12,9 +12,10 @@ from typing import Any
 
 from labkit.clock import Clock, check_clock, read_clock
 from labkit.db import check_name, ensure_schema, execute, transaction
-from labkit.errors import MAX_INT, BadArgumentType, LeaseLost, check_number
+from labkit.errors import MAX_INT, LeaseLost, check_number
 from labkit.fence import Fence, Tx, check_tx
 from labkit.idempotency import run_once
+from labkit.mechanisms import check_type
 
 __all__ = ["Claim", "Claims", "operation_key", "produce"]
 
@@ -30,11 +31,9 @@ _SCHEMA = """CREATE TABLE claims (job TEXT PRIMARY KEY, owner TEXT,
 class Claim:
     """A claims row as it was read or written.
 
-    Attributes:
-        job, owner (None while queued), generation: the claimer's fencing token.
-        state: ``"queued"``, ``"claimed"`` or ``"done"``. progress: units checkpointed.
-        updated_at: the authority's time of the last change.
-        version: bumped by every change; the sweeper's "unchanged" test.
+    Attributes: job, owner (None while queued), generation (the claimer's fencing token), state
+    (``"queued"``, ``"claimed"`` or ``"done"``), progress (units checkpointed), updated_at (the
+    authority's time of the last change), version (bumped by every change: "unchanged" test).
     """
 
     job: str
@@ -46,12 +45,6 @@ class Claim:
     version: int
 
 
-def _check(value, kind: type, argument: str):
-    if not isinstance(value, kind):
-        raise BadArgumentType(argument, f"must be a {kind.__name__}, got {type(value).__name__}")
-    return value
-
-
 def operation_key(job: str, unit: Any) -> str:
     """The operation id of one unit of a job, e.g. ``"invoice-run/c2"``: the same on every retry."""
     return f"{check_name(job, 'job')}/{unit}"
@@ -60,14 +53,13 @@ def operation_key(job: str, unit: Any) -> str:
 class Claims:
     """The durable claims of jobs, on one database, with time from ``clock``.
 
-    Example:
-        >>> from labkit import connect, VirtualClock
-        >>> clock = VirtualClock(); claims = Claims(connect(), clock)
-        >>> _ = claims.enqueue("run-1"); b = claims.claim("run-1", "B", 8)
-        >>> _ = clock.advance(30); [c.owner for c in claims.sweep(older_than=10)]
-        ['B']
-        >>> claims.get("run-1").state
-        'queued'
+    >>> from labkit import connect, VirtualClock
+    >>> clock = VirtualClock(); claims = Claims(connect(), clock)
+    >>> _ = claims.enqueue("run-1"); b = claims.claim("run-1", "B", 8)
+    >>> _ = clock.advance(30); [c.owner for c in claims.sweep(older_than=10)]
+    ['B']
+    >>> claims.get("run-1").state
+    'queued'
     """
 
     def __init__(self, db, clock: Clock) -> None:
@@ -82,7 +74,7 @@ class Claims:
         )
         params = {**params, "now": read_clock(self.clock)}
         if tx is not None:
-            rows = check_tx(tx, self.db, None, fenced=False).execute(sql, params)
+            rows = check_tx(tx, self.db, None).execute(sql, params)
         else:
             with transaction(self.db):
                 rows = execute(self.db, sql, params)
@@ -113,17 +105,16 @@ class Claims:
     def checkpoint(self, claim: Claim, progress: int, *, tx: Tx | None = None) -> Claim:
         """Record ``progress`` for a claim its owner still holds (``tx``: join that transaction).
 
-        Raises LeaseLost if the claim was requeued, finished or taken by someone else.
-        """
+        Raises LeaseLost if the claim was requeued, finished or taken by someone else."""
         progress = check_number(progress, "progress", integer=True, high=MAX_INT)
         return self._mine(claim, "progress = :progress", {"progress": progress}, tx)
 
-    def finish(self, claim: Claim, *, tx: Tx | None = None) -> Claim:
+    def finish(self, claim: Claim) -> Claim:
         """Mark the job done if ``claim``'s owner still holds it; else raise LeaseLost."""
-        return self._mine(claim, "state = 'done'", {}, tx)
+        return self._mine(claim, "state = 'done'", {})
 
-    def _mine(self, claim: Claim, assignment: str, params: dict, tx: Tx | None) -> Claim:
-        claim = _check(claim, Claim, "claim")
+    def _mine(self, claim: Claim, assignment: str, params: dict, tx: Tx | None = None) -> Claim:
+        claim = check_type(claim, Claim, "claim")
         row = self._change(
             assignment,
             "owner = :owner AND generation = :generation AND state = 'claimed'",
@@ -153,7 +144,7 @@ class Claims:
 
     def requeue(self, seen: Claim) -> bool:
         """Requeue ``seen``'s job if it is still claimed AND unchanged (one conditional UPDATE)."""
-        seen = _check(seen, Claim, "seen")
+        seen = check_type(seen, Claim, "seen")
         params = {"job": seen.job, "version": seen.version}
         condition = "state = 'claimed' AND version = :version"
         return self._change("owner = NULL, state = 'queued'", condition, params) is not None
@@ -171,13 +162,11 @@ def produce(
     With :class:`Claims` ``claims`` and an int ``progress``, the checkpoint commits in the
     same transaction. StaleGeneration or LeaseLost (the checkpoint's) leave nothing written.
     """
-    fence, claim = _check(fence, Fence, "fence"), _check(claim, Claim, "claim")
+    fence, claim = check_type(fence, Fence, "fence"), check_type(claim, Claim, "claim")
     unit = check_name(unit, "unit")
     amount = check_number(amount, "amount", integer=True, high=MAX_INT)
     if claims is not None:
-        _check(claims, Claims, "claims")
-    if progress is not None:
-        progress = check_number(progress, "progress", integer=True, high=MAX_INT)
+        check_type(claims, Claims, "claims")
     invoice, produced = f"{unit}@{claim.generation}", []
 
     def effect(tx: Tx) -> str:

@@ -14,6 +14,7 @@ from labkit.clock import Clock, check_clock, read_clock
 from labkit.db import check_name, ensure_schema, execute, transaction
 from labkit.errors import BadArgument, BadArgumentType, Busy, LeaseLost, check_number
 from labkit.lease import Lease, LeaseAuthority
+from labkit.mechanisms import check_type
 
 __all__ = ["conservative_deadline", "LeaseKeeper", "backoff", "VersionLease", "Seen"]
 
@@ -24,12 +25,11 @@ _SCHEMA = """CREATE TABLE version_leases (name TEXT PRIMARY KEY, owner TEXT,
 def conservative_deadline(send_time: float, ttl: float, margin: float, max_drift: float) -> float:
     """Return ``send_time + ttl * (1 - max_drift) - margin``: when protected work must stop.
 
-    ``send_time`` is when the request left, on the holder's clock; ``max_drift``
-    (0 <= max_drift < 1) how much slower that clock may run.
+    ``send_time``: when the request left, on the holder's clock; ``max_drift`` (below 1):
+    how much slower that clock may run.
 
-    Example:
-        >>> conservative_deadline(send_time=100.0, ttl=10.0, margin=1.0, max_drift=0.01)
-        108.9
+    >>> conservative_deadline(send_time=100.0, ttl=10.0, margin=1.0, max_drift=0.01)
+    108.9
     """
     send_time = check_number(send_time, "send_time", signed=True)
     ttl = check_number(ttl, "ttl", positive=True)
@@ -39,11 +39,7 @@ def conservative_deadline(send_time: float, ttl: float, margin: float, max_drift
 
 
 class LeaseKeeper:
-    """Holds one lease and knows, on the holder's own ``clock``, until when it may act.
-
-    A confirmed (re)acquire sets :attr:`deadline` from the request's send time; a renewal
-    without an answer (``Busy``) keeps the old one; a refused one drops the lease.
-    """
+    """Holds one lease and knows, on the holder's own ``clock``, until when it may act."""
 
     def __init__(
         self,
@@ -56,14 +52,11 @@ class LeaseKeeper:
         max_drift: float,
         clock: Clock,
     ) -> None:
-        if not isinstance(authority, LeaseAuthority):
-            raise BadArgumentType(
-                "authority", f"must be a LeaseAuthority, got {type(authority).__name__}"
-            )
+        self.authority = check_type(authority, LeaseAuthority, "authority")
         self.name, self.owner = check_name(name, "name"), check_name(owner, "owner")
         conservative_deadline(0.0, ttl, margin, max_drift)  # validates all three
         self.ttl, self.margin, self.max_drift = float(ttl), float(margin), float(max_drift)
-        self.authority, self.clock = authority, check_clock(clock)
+        self.clock = check_clock(clock)
         self.lease: Lease | None = None
         self.deadline = -math.inf
 
@@ -92,8 +85,7 @@ class LeaseKeeper:
 
     def confirm(self, lease: Lease, sent_at: float) -> float:
         """Record a grant or renewal sent at local time ``sent_at``; return the new deadline."""
-        if not isinstance(lease, Lease):
-            raise BadArgumentType("lease", f"must be a Lease, got {type(lease).__name__}")
+        check_type(lease, Lease, "lease")
         deadline = conservative_deadline(sent_at, lease.ttl, self.margin, self.max_drift)
         if self.lease is not None and self.lease.generation == lease.generation:
             deadline = max(self.deadline, deadline)
@@ -114,10 +106,6 @@ class LeaseKeeper:
             generation = self.lease.generation if self.lease else 0
             raise LeaseLost(self.name, self.owner, generation)
         return self.lease
-
-    def __repr__(self) -> str:
-        held = self.lease.generation if self.lease else None
-        return f"LeaseKeeper({self.name!r}, {self.owner!r}, held={held}, until={self.deadline:g})"
 
 
 def backoff(attempt: int, *, base: float, cap: float, rng) -> float:
@@ -141,10 +129,9 @@ def backoff(attempt: int, *, base: float, cap: float, rng) -> float:
 class Seen:
     """A version lease record as one contender saw it.
 
-    Attributes:
-        name, owner (None when free), generation: the holder's fencing token.
-        version: bumped by every claim, heartbeat and release. duration: the lease's (s).
-        seen_at: the observer's local time of the observation.
+    Attributes: name, owner (None when free), generation (the holder's fencing token),
+    version (bumped by every claim, heartbeat and release), duration (s), and seen_at (the
+    observer's local time of the observation).
     """
 
     name: str
@@ -187,12 +174,10 @@ class VersionLease:
     def claim(self, seen: Seen, owner: str, *, duration: float) -> Seen | None:
         """Claim the lease if its version is still ``seen.version``; return the new record or None.
 
-        Raises BadArgument if ``seen`` was held and its duration has not passed yet.
-        """
+        Raises BadArgument if ``seen`` was held and its duration has not passed yet."""
         owner = check_name(owner, "owner")
         duration = check_number(duration, "duration", positive=True)
-        if not isinstance(seen, Seen):
-            raise BadArgumentType("seen", f"must be a Seen, got {type(seen).__name__}")
+        check_type(seen, Seen, "seen")
         if not self.ready(seen):
             raise BadArgument(
                 "seen", f"waited {self.waited(seen):g} s of the record's {seen.duration:g} s"

@@ -1,11 +1,9 @@
 """A team of real worker processes on one SQLite file, and the hands to hurt them.
 
-:class:`Team` starts the workers of :mod:`labkit.processes.workers`, freezes (SIGSTOP),
-thaws, kills (SIGKILL) and restarts them, and reads back what happened. Every process it
-starts is stopped by :meth:`Team.stop` (or leaving a ``with`` block), at interpreter exit,
-and by Linux if the parent dies (``PR_SET_PDEATHSIG``, tied to the starting thread: start
-teams from a long-lived one). A member's temporary folders (``$LABKIT_SCRATCH``, inside the
-run's folder, never ``/dev/shm``) are removed when the team reaps it. Real time on purpose.
+:class:`Team` starts, freezes (SIGSTOP), thaws, kills (SIGKILL) and restarts its workers and
+reads back what happened. They are stopped by :meth:`Team.stop`, at interpreter exit and by
+Linux if the parent dies (``PR_SET_PDEATHSIG``, tied to the starting thread: start teams from a
+long-lived one); a member's ``$LABKIT_SCRATCH`` goes when it is reaped. Real time on purpose.
 """
 
 from __future__ import annotations
@@ -24,14 +22,16 @@ import uuid
 import weakref
 from collections import Counter
 from dataclasses import asdict, replace
+from pathlib import Path
 from random import Random
 
 from labkit.clock import RealClock
 from labkit.db import connect, execute, transaction
 from labkit.errors import BadArgument, Busy, LabkitError, check_number
+from labkit.fence import Fence
 from labkit.lease import LeaseAuthority
-from labkit.processes.workers import IDLE, IN_TX, WORKING, WorkerSpec, append, board, journal
-from labkit.processes.workers import prepare, read_journals
+from labkit.processes.workers import IDLE, IN_TX, LINES, WORKING, WorkerSpec, append, board
+from labkit.processes.workers import journal
 from labkit.sim import JOB, Event, check
 
 __all__ = ["STOP_TIMEOUT", "Team", "proc_state"]
@@ -60,73 +60,62 @@ def _locked(method):
 
 
 class Team:
-    """Worker processes (1 to 26, named ``"A"``, ``"B"``, ...) on one SQLite file.
+    """Worker processes (1 to 26, ``"A"``, ``"B"``, ...) on ``lab.db`` in a run folder made (and
+    kept) in ``root``; ``knobs`` are :class:`~labkit.processes.workers.WorkerSpec` fields, and
+    ``seed`` seeds them all. ``counts`` has ``freezes``, ``freezes_past_lease`` (a holder thawed
+    after its lease expired), ``kills``, ``kills_in_tx`` and ``restarts``."""
 
-    ``path`` defaults to ``lab.db`` in the run's folder, made (and kept) in ``root``;
-    ``seed`` seeds every worker (with its name and incarnation); ``knobs`` are ``ttl``,
-    ``work``, ``hold``, ``rest``, ``invoices``, ``redeliver``, ``busy_timeout_ms`` and
-    ``seconds`` of :class:`~labkit.processes.workers.WorkerSpec`. ``team.counts`` counts
-    ``freezes``, ``freezes_past_lease`` (a holder thawed after its lease expired), ``kills``,
-    ``kills_in_tx`` (inside ``BEGIN IMMEDIATE``, checked against the lock) and ``restarts``.
-    """
-
-    def __init__(self, workers=2, *, path=None, protected=True, seed=0, root=None, **knobs):
+    def __init__(self, workers=2, *, protected=True, seed=0, root=None, **knobs):
         n = check_number(workers, "workers", integer=True, low=1, high=26)
         knobs["ttl"] = check_number(knobs.get("ttl", 1.0), "ttl", positive=True)
         self.run_dir = tempfile.mkdtemp(prefix="labkit-run-", dir=root)
         for folder in ("journal", "logs"):
             os.makedirs(os.path.join(self.run_dir, folder))
-        self.path = os.fspath(path) if path is not None else os.path.join(self.run_dir, "lab.db")
-        prepare(self.path)
+        self.path = os.path.join(self.run_dir, "lab.db")
         self.names, self.seed = [chr(65 + i) for i in range(n)], seed
         self.run, self.t0 = uuid.uuid4().hex[:12], _CLOCK.now()
-        self.spec = WorkerSpec(self.path, self.run_dir, self.run, self.t0, **knobs)
+        self.spec = WorkerSpec(self.run_dir, self.run, self.t0, **knobs)
         self.spec = replace(self.spec, protected=bool(protected), parent=os.getpid())
         self.board = board(os.path.join(self.run_dir, "board"), n)
         self.db = connect(self.path, busy_timeout_ms=self.spec.busy_timeout_ms)
+        with transaction(self.db):
+            execute(self.db, LINES)
+        Fence(self.db, JOB)  # makes the job's fence row
         self._probe = connect(self.path, busy_timeout_ms=0)
         self.leases = LeaseAuthority(self.db, _CLOCK)
         self.journal = journal(os.path.join(self.run_dir, "journal", "team.jsonl"))
         self.procs: dict[str, subprocess.Popen] = {}
-        self.scratch: dict[str, str] = {}  # each member's scratch folder, removed when reaped
         self.incarnation, self.counts = Counter(), Counter()
         self._frozen: dict[str, int | None] = {}  # name -> the generation it held, if any
         self._lock, self._closed = threading.RLock(), False
         _TEAMS.add(self)
 
-    # -- state ---------------------------------------------------------------------
     def now(self) -> float:
         """Seconds since the team was made (the time axis of its history)."""
         return _CLOCK.now() - self.t0
 
-    @property
-    def protected(self) -> bool:
-        """The workers' write path (fixed when the team is made)."""
-        return self.spec.protected
-
     def pid(self, name: str) -> int | None:
         """The pid of ``name``'s current process, or None if it never started."""
-        proc = self.procs.get(self._check(name))
+        if name not in self.names:
+            raise BadArgument("worker", f"must be one of {self.names}, got {name!r}")
+        proc = self.procs.get(name)
         return proc.pid if proc else None
 
     def alive(self, name: str) -> bool:
         """True while ``name``'s current process has not exited."""
-        proc = self.procs.get(self._check(name))
-        return proc is not None and proc.poll() is None
+        return self.pid(name) is not None and self.procs[name].poll() is None
 
     def phase(self, name: str) -> int:
         """``name``'s phase on the board (``IDLE``, ``LEASED``, ``WORKING`` or ``IN_TX``)."""
-        return self.board[self.names.index(self._check(name))]
+        return self.board[self.names.index(name)]
 
     @_locked
     def holder(self):
         """``(name, lease)`` if a running worker holds the unexpired lease, else None."""
         lease = self.leases.current(JOB)
-        if lease is not None:
-            name, _, number = lease.owner.rpartition(".")
-            if name in self.names and number == str(self.incarnation[name]) and self.alive(name):
-                return name, lease
-        return None
+        name, _, number = lease.owner.rpartition(".") if lease else ("", "", "")
+        current = name in self.names and number == str(self.incarnation[name])
+        return (name, lease) if current and self.alive(name) else None
 
     @_locked
     def lock_held(self) -> bool:
@@ -142,7 +131,6 @@ class Team:
         sql = "SELECT max(generation) > ? FROM invoice_lines WHERE run = ?"
         return bool(self.query(sql, (generation, self.run))[0][0])
 
-    # -- hands -----------------------------------------------------------------------
     def start(self, *names: str) -> Team:
         """Start the named workers (default: all that are not running); a dead one restarts."""
         if self._closed:
@@ -155,7 +143,7 @@ class Team:
 
     @_locked
     def freeze(self, name: str) -> int | None:
-        """SIGSTOP ``name`` and wait until the kernel reports it stopped; return its phase then."""
+        """SIGSTOP ``name``, wait until the kernel reports it stopped; return its phase then."""
         if not self.alive(name) or name in self._frozen or not self._stop_now(name):
             return None
         held = self.holder()
@@ -181,8 +169,8 @@ class Team:
 
     @_locked
     def freeze_holder(self, name: str | None = None):
-        """Freeze the lease holder (only if it is ``name``, when given) while it works: after
-        its read, outside any transaction. Return ``(name, generation)``, or None and let it run."""
+        """Freeze the lease holder (if it is ``name``, when given) while it works, outside any
+        transaction. Return ``(name, generation)``, or None and let it run."""
         held = self.holder()
         who = held[0] if held and held[0] not in self._frozen else None
         if who is None or name not in (None, who) or self.phase(who) != WORKING:
@@ -194,11 +182,8 @@ class Team:
 
     @_locked
     def kill(self, name: str) -> bool | None:
-        """SIGKILL ``name``; return True if it died inside ``BEGIN IMMEDIATE`` (None if not running).
-
-        It is stopped first, so its phase cannot change while it is read; ``IN_TX`` is then
-        confirmed by finding the write lock held. Its transaction rolls back at once.
-        """
+        """SIGKILL ``name``; return True if it died inside ``BEGIN IMMEDIATE`` (None if it was not
+        running). It is stopped first, and ``IN_TX`` is confirmed by finding the lock held."""
         if not self.alive(name) or (name not in self._frozen and not self._stop_now(name)):
             return None
         in_tx = self.phase(name) == IN_TX
@@ -212,8 +197,7 @@ class Team:
 
     @_locked
     def kill_if_in_tx(self, name: str) -> bool:
-        """Stop ``name`` for an instant: SIGKILL it if it is inside ``BEGIN IMMEDIATE`` (True),
-        else let it go on (False). Frozen or dead workers are left alone (False)."""
+        """SIGKILL ``name`` if it runs inside ``BEGIN IMMEDIATE`` (True), else let it go on."""
         if not self.alive(name) or name in self._frozen or not self._stop_now(name):
             return False
         if self.phase(name) == IN_TX:
@@ -228,8 +212,7 @@ class Team:
 
     @_locked
     def stop(self) -> None:
-        """SIGKILL and reap every process, remove their scratch, close the team's connections,
-        board and journal. Safe to call twice; the history stays readable."""
+        """SIGKILL and reap every process, close the team's files; the history stays readable."""
         for name in list(self.procs):
             self._reap(name)
         if not self._closed:
@@ -245,12 +228,13 @@ class Team:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    # -- what happened ---------------------------------------------------------------
     def history(self) -> list[Event]:
         """Every event so far, in time order: the journals plus the committed writes."""
+        events = []
+        for file in sorted(Path(self.run_dir, "journal").glob("*.jsonl")):  # whole lines only
+            events += [Event(**json.loads(line)) for line in file.read_bytes().split(b"\n")[:-1]]
         columns = "time, worker, 'write', 'ok', generation, key, invoice_id"
         rows = self.query(f"SELECT {columns} FROM invoice_lines WHERE run = ?", (self.run,))
-        events = read_journals(os.path.join(self.run_dir, "journal"))
         return sorted(events + [Event(*row) for row in rows], key=lambda e: e.time)
 
     def final(self) -> dict[str, int]:
@@ -270,26 +254,19 @@ class Team:
         return check(self.history(), final=self.final())
 
     def query(self, sql: str, params) -> list[tuple]:
-        """Run one read on a connection of its own (safe from any thread, and after :meth:`stop`)."""
+        """Run one read on a connection of its own (from any thread, even after :meth:`stop`)."""
         db = connect(self.path)
         try:
             return execute(db, sql, params)
         finally:
             db.conn.close()
 
-    # -- inside ------------------------------------------------------------------------
-    def _check(self, name: str) -> str:
-        if name not in self.names:
-            raise BadArgument("worker", f"must be one of {self.names}, got {name!r}")
-        return name
-
     def _note(self, name, action, outcome, generation=None) -> None:
         if not self._closed:  # after stop, the journal's descriptor is closed
             append(self.journal, Event(self.now(), name, action, outcome, generation))
 
     def _stop_now(self, name: str) -> bool:
-        """SIGSTOP ``name`` and wait for state ``T``: False if it died, or if it did not stop
-        within ``STOP_TIMEOUT`` (then it is SIGKILLed and reaped)."""
+        """SIGSTOP ``name`` and wait for state ``T``: False if it died or did not stop in time."""
         pid, deadline = self.pid(name), _CLOCK.now() + STOP_TIMEOUT
         os.kill(pid, signal.SIGSTOP)
         while (state := proc_state(pid)) not in ("T", "t"):
@@ -303,16 +280,18 @@ class Team:
         return True
 
     def _reap(self, name: str) -> None:
-        """SIGKILL ``name``'s process if it runs, wait for it, remove its scratch folder."""
         proc = self.procs.get(name)
         if proc is not None:
-            if proc.poll() is None:
-                proc.kill()
+            proc.kill()  # a no-op if it has exited
             proc.wait()
             self._frozen.pop(name, None)
             if not self._closed:
                 self.board[self.names.index(name)] = IDLE
-        shutil.rmtree(self.scratch.pop(name, ""), ignore_errors=True)
+        shutil.rmtree(self._scratch(name), ignore_errors=True)
+
+    def _scratch(self, name: str) -> str:
+        """The scratch folder of ``name``'s current process, removed when it is reaped."""
+        return os.path.join(self.run_dir, "scratch", f"{name}.{self.incarnation[name]}")
 
     def _spawn(self, name: str) -> None:
         self.incarnation[name] += 1
@@ -320,12 +299,11 @@ class Team:
         self.counts["restarts"] += number > 1
         seed = Random(f"{self.seed}/{name}/{number}").randrange(2**32)
         spec = replace(self.spec, slot=slot, name=name, incarnation=number, seed=seed)
-        self.scratch[name] = os.path.join(self.run_dir, "scratch", f"{name}.{number}")
-        os.makedirs(self.scratch[name])
+        os.makedirs(self._scratch(name))
         with open(os.path.join(self.run_dir, "logs", f"{name}.{number}.err"), "wb") as log:
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "labkit.processes.workers", json.dumps(asdict(spec))],
-                env={**os.environ, "LABKIT_SCRATCH": self.scratch[name]},
+                env={**os.environ, "LABKIT_SCRATCH": self._scratch(name)},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=log,

@@ -1,12 +1,10 @@
 """Real worker processes on one SQLite file: the invoice job, for real.
 
-Each worker (``python -m labkit.processes.workers SPEC``) repeats: acquire, raise the
-fence, read, work, then per invoice write and renew, release. Protected, a write is
-``Fence.guard``, a check of its own lease deadline, and ``run_once`` with a key;
-unprotected, a plain ``BEGIN IMMEDIATE`` upsert. A write also adds its charge to
-``invoice_lines`` (in a correct run an amount is the sum of its lines), which is the
-history of committed writes; every other event goes to a per-process JSON-lines journal
-(one ``os.write`` a line: a SIGKILL leaves whole lines). Real time is read on purpose.
+Each worker (``python -m labkit.processes.workers SPEC``) repeats: acquire, raise the fence,
+read, work, then per invoice write and renew, release. Protected, a write is ``Fence.guard``,
+a check of its own lease deadline and ``run_once`` with a key; unprotected, a plain upsert.
+A write adds its charge to ``invoice_lines`` (the committed writes); other events go to a
+per-process JSON-lines journal. Real time is read on purpose.
 """
 
 from __future__ import annotations
@@ -34,31 +32,21 @@ from labkit.lease import LeaseAuthority
 from labkit.mechanisms.timing import backoff
 from labkit.sim import JOB, Event, upsert_invoice
 
-__all__ = ["IDLE", "IN_TX", "LEASED", "WORKING", "Worker", "WorkerSpec", "board"]
-__all__ += ["append", "die_with_parent", "journal", "main", "prepare", "read_journals"]
+__all__ = ["IDLE", "IN_TX", "LEASED", "WORKING", "Worker", "WorkerSpec", "append", "board"]
+__all__ += ["LINES", "die_with_parent", "journal", "main"]
 
 IDLE, LEASED, WORKING, IN_TX = 0, 1, 2, 3
+INVOICES = ("INV-1", "INV-2", "INV-3")  # each run writes these
 
 LINES = """CREATE TABLE IF NOT EXISTS invoice_lines (run TEXT NOT NULL, time REAL NOT NULL,
     worker TEXT NOT NULL, key TEXT NOT NULL, invoice_id TEXT NOT NULL, amount INTEGER NOT NULL,
     generation INTEGER NOT NULL)"""
 
 
-def prepare(path: str) -> None:
-    """Create labkit's schema, the ``invoice_lines`` table and the job's fence row."""
-    db = connect(path)
-    try:
-        with transaction(db):
-            execute(db, LINES)
-        Fence(db, JOB)
-    finally:
-        db.conn.close()
-
-
 def board(path: str, slots: int | None = None) -> mmap.mmap:
-    """Map the board, shared by every process (made with ``slots`` zero bytes): ``board[slot]``
-    is that worker's phase. ``IN_TX`` is set only after ``BEGIN IMMEDIATE`` took the lock and
-    cleared before ``COMMIT``, so a stopped worker whose phase is ``IN_TX`` holds the lock."""
+    """Map the board (made with ``slots`` zero bytes): ``board[slot]`` is that worker's phase.
+    ``IN_TX`` is set after ``BEGIN IMMEDIATE`` and cleared before ``COMMIT``: a stopped worker
+    whose phase is ``IN_TX`` holds the lock."""
     if slots is not None:
         Path(path).write_bytes(bytes(slots))
     with open(path, "r+b") as f:
@@ -75,29 +63,13 @@ def append(journal: int, event: Event) -> None:
     os.write(journal, (json.dumps(asdict(event)) + "\n").encode())
 
 
-def read_journals(folder: str) -> list[Event]:
-    """Return every complete line of every ``*.jsonl`` journal in ``folder`` as events."""
-    events = []
-    for file in sorted(Path(folder).glob("*.jsonl")):
-        for line in file.read_bytes().split(b"\n")[:-1]:
-            events.append(Event(**json.loads(line)))
-    return events
-
-
 @dataclass(frozen=True, slots=True)
 class WorkerSpec:
-    """What one worker process needs to know (passed to it as JSON).
+    """What one worker process needs (passed as JSON): the team's ``run_dir`` (``lab.db``, board,
+    journals), ``run`` id and monotonic start ``t0``; its board ``slot``, ``name``, ``incarnation``
+    (the lease owner is ``name.incarnation``) and ``seed``; (min, max) seconds to ``work``, to
+    ``hold`` the lock and to ``rest``; the chance to ``redeliver``; ``seconds`` (None: forever)."""
 
-    The team's ``path``, ``run_dir`` (board, journals), ``run`` id and start ``t0`` (monotonic);
-    the worker's ``slot`` on the board, ``name``, ``incarnation`` (the lease owner is
-    ``name.incarnation``: a restarted process never passes for its predecessor) and ``seed``;
-    the write path (``protected``), ``ttl``, (min, max) seconds to ``work`` after the read, to
-    ``hold`` the lock in a write and to ``rest`` between runs; ``invoices`` per run; the chance
-    to ``redeliver`` a write; ``busy_timeout_ms``; ``seconds`` to run (None: until killed); the
-    ``parent``'s pid (the worker dies with it).
-    """
-
-    path: str
     run_dir: str
     run: str
     t0: float
@@ -110,15 +82,10 @@ class WorkerSpec:
     work: tuple = (0.1, 0.3)
     hold: tuple = (0.005, 0.02)
     rest: tuple = (0.0, 0.1)
-    invoices: int = 3
     redeliver: float = 0.0
     busy_timeout_ms: int = 200
     seconds: float | None = None
     parent: int = 0
-
-
-class _Stop(Exception):
-    """The worker's time is up."""
 
 
 class Worker:
@@ -127,10 +94,12 @@ class Worker:
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec, self.rng, self.clock = spec, Random(spec.seed), RealClock()
         self.owner = f"{spec.name}.{spec.incarnation}"
-        self.db = connect(spec.path, busy_timeout_ms=spec.busy_timeout_ms)
+        folder = spec.run_dir
+        self.db = connect(os.path.join(folder, "lab.db"), busy_timeout_ms=spec.busy_timeout_ms)
         self.leases, self.fence = LeaseAuthority(self.db, self.clock), Fence(self.db, JOB)
-        self.board = board(os.path.join(spec.run_dir, "board"))
-        self.journal = journal(os.path.join(spec.run_dir, "journal", f"{self.owner}.jsonl"))
+        self.acquire = functools.partial(self.leases.try_acquire, JOB, self.owner, spec.ttl)
+        self.board = board(os.path.join(folder, "board"))
+        self.journal = journal(os.path.join(folder, "journal", f"{self.owner}.jsonl"))
 
     def now(self) -> float:
         """Seconds since the team's start."""
@@ -151,30 +120,26 @@ class Worker:
         self.board[self.spec.slot] = phase
 
     def done(self) -> bool:
-        """True once the worker's time (``spec.seconds``) is up."""
         return self.spec.seconds is not None and self.now() >= self.spec.seconds
-
-    def sleep(self, bounds) -> None:
-        time.sleep(self.rng.uniform(*bounds))
 
     def back_off(self, attempt: int, base: float) -> None:
         time.sleep(backoff(attempt, base=base, cap=self.spec.ttl / 2, rng=self.rng))
 
     def retry(self, action, call, generation=None, key=None, target=JOB):
-        """Run ``call()``; on Busy note it, back off and try again until time is up."""
+        """Run ``call()``; on Busy note it and back off, until time is up (then TimeoutError)."""
         for attempt in itertools.count():
             try:
                 return call()
             except Busy:
                 self.note(action, "busy", generation, key, target)
                 if self.done():
-                    raise _Stop() from None
+                    raise TimeoutError("still busy when the worker's time was up") from None
                 self.back_off(attempt, 0.01)
 
     def loop(self) -> None:
         """Run rounds until time is up (or forever when ``spec.seconds`` is None)."""
         misses = 0
-        try:
+        with contextlib.suppress(TimeoutError):  # from retry, once time is up
             while not self.done():
                 self.phase(IDLE)
                 lease = self.retry("acquire", self.acquire)
@@ -187,13 +152,8 @@ class Worker:
                 self.granted("acquire", lease)
                 self.round(lease)
                 self.phase(IDLE)
-                self.sleep(self.spec.rest)
-        except _Stop:
-            pass
+                time.sleep(self.rng.uniform(*self.spec.rest))
         self.phase(IDLE)
-
-    def acquire(self):
-        return self.leases.try_acquire(JOB, self.owner, self.spec.ttl)
 
     def round(self, lease) -> None:
         """One run under ``lease``: raise the fence, read, work, write and renew, release."""
@@ -201,19 +161,18 @@ class Worker:
         self.phase(LEASED)
         if self.spec.protected:
             try:
-                self.retry("raise", functools.partial(self._raise, generation), generation)
+                self.retry("raise", lambda: self.raise_fence(generation), generation)
                 self.note("raise", "ok", generation)
             except StaleGeneration:
                 self.note("raise", "rejected", generation)
                 return
         sql = "SELECT invoice_id, amount FROM invoices WHERE job_id = ?"
         read = dict(execute(self.db, sql, (JOB,)))
-        invoices = [f"INV-{n}" for n in range(1, self.spec.invoices + 1)]
-        for invoice in invoices:  # the time is taken after the snapshot
+        for invoice in INVOICES:  # the time is taken after the snapshot
             self.note("read", "ok", generation, target=invoice)
         self.phase(WORKING)
-        self.sleep(self.spec.work)
-        for invoice in invoices:
+        time.sleep(self.rng.uniform(*self.spec.work))
+        for invoice in INVOICES:
             charge = self.rng.randint(1, 99)
             op = (invoice, read.get(invoice, 0) + charge, charge, f"{JOB}/g{generation}/{invoice}")
             outcome = self.write(lease, *op)
@@ -231,19 +190,19 @@ class Worker:
                 break
         before = self.now()
         try:
-            self.retry("release", functools.partial(self.leases.release, lease), generation)
+            self.retry("release", lambda: self.leases.release(lease), generation)
             self.note("release", "ok", generation, at=before)
         except LeaseLost:
             self.note("release", "lost", generation)
 
-    def _raise(self, generation) -> None:
-        with self.transaction(True, generation):
+    def raise_fence(self, generation) -> None:
+        with self.transaction(generation):
             pass
 
     @contextlib.contextmanager
-    def transaction(self, protected: bool, generation):
+    def transaction(self, generation):
         """``Fence.guard`` (protected) or a plain ``BEGIN IMMEDIATE``, with the phase ``IN_TX``."""
-        with self.fence.guard(generation) if protected else transaction(self.db) as tx:
+        with self.fence.guard(generation) if self.spec.protected else transaction(self.db) as tx:
             self.phase(IN_TX)
             try:
                 yield tx
@@ -252,55 +211,48 @@ class Worker:
 
     def write(self, lease, invoice, amount, charge, key) -> str:
         """Write one invoice on the spec's path; return ``ok``, ``rejected`` or ``duplicate``."""
-        ran, generation = [], lease.generation
+        generation, ran = lease.generation, []
+
+        def effect(conn, now):
+            ran.append(True)
+            upsert_invoice(conn, invoice, amount, generation)
+            spec, columns = self.spec, "run, time, worker, key, invoice_id, amount, generation"
+            row = (spec.run, now - spec.t0, spec.name, key, invoice, charge, generation)
+            execute(conn, f"INSERT INTO invoice_lines({columns}) VALUES (?, ?, ?, ?, ?, ?, ?)", row)
+            return amount
+
+        def attempt():
+            with self.transaction(generation) as tx:
+                time.sleep(self.rng.uniform(*self.spec.hold))
+                now = self.clock.now()
+                if not self.spec.protected:
+                    return effect(tx, now)
+                if now >= lease.expires_at:  # its own deadline passed: refuse its own write
+                    raise LeaseLost(JOB, self.owner, generation)
+                payload = {"invoice": invoice, "amount": amount}
+                run_once(tx, key, lambda tx: effect(tx.conn, now), payload=payload)
+
         try:
-            write = functools.partial(self._write, lease, invoice, amount, charge, key, ran)
-            self.retry("write", write, generation, key, invoice)
+            self.retry("write", attempt, generation, key, invoice)
         except (StaleGeneration, LeaseLost):
             self.note("write", "rejected", generation, key, invoice)
             return "rejected"
-        if self.spec.protected and not ran:
+        if not ran:
             self.note("write", "duplicate", generation, key, invoice)
             return "duplicate"
         return "ok"
 
-    def _write(self, lease, invoice, amount, charge, key, ran) -> None:
-        generation = lease.generation
-        with self.transaction(self.spec.protected, generation) as tx:
-            self.sleep(self.spec.hold)
-            now = self.clock.now()
-            if not self.spec.protected:
-                return self._effect(tx, generation, invoice, amount, charge, key, now)
-            if now >= lease.expires_at:  # its own deadline passed: refuse its own write
-                raise LeaseLost(JOB, self.owner, generation)
-
-            def effect(tx):
-                ran.append(True)
-                self._effect(tx.conn, generation, invoice, amount, charge, key, now)
-                return amount
-
-            run_once(tx, key, effect, payload={"invoice": invoice, "amount": amount})
-
-    def _effect(self, conn, generation, invoice, amount, charge, key, now) -> None:
-        upsert_invoice(conn, invoice, amount, generation)
-        spec, columns = self.spec, "run, time, worker, key, invoice_id, amount, generation"
-        row = (spec.run, now - spec.t0, spec.name, key, invoice, charge, generation)
-        execute(conn, f"INSERT INTO invoice_lines({columns}) VALUES (?, ?, ?, ?, ?, ?, ?)", row)
-
 
 def die_with_parent(parent: int) -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (``prctl(PR_SET_PDEATHSIG)``);
-    if the parent is already gone, exit at once."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    """Have Linux SIGKILL this process when its parent dies; exit now if it is already gone."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
     if parent and os.getppid() != parent:
         os._exit(0)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main() -> None:
     """A worker process: ``python -m labkit.processes.workers '<WorkerSpec as JSON>'``."""
-    fields = json.loads((sys.argv[1:] if argv is None else argv)[0])
+    fields = json.loads(sys.argv[1])
     spec = WorkerSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
     die_with_parent(spec.parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop

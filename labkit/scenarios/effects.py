@@ -21,7 +21,6 @@ __all__ = ["email_transfer"]
 @scenario
 def email_transfer(sim, *, protected, pause=30.0, ttl=10.0, relay_crashes=1):
     """Lesson 08: the fence stops a stale file write but not its email; the outbox stops both."""
-    pause, ttl = check_number(pause, "pause"), check_number(ttl, "ttl", positive=True)
     crashes = check_number(relay_crashes, "relay_crashes", integer=True, high=5)
     folder = os.path.join(os.path.dirname(sim.path("resource")), "files")
     FencedFileStore(sim.database("resource"), folder, JOB)

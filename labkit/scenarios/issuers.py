@@ -10,7 +10,7 @@ from labkit.errors import check_number
 from labkit.mechanisms.issuers import EpochAuthority, EpochIssuer, ReplicatedIssuer, backup, restore
 from labkit.sim.engine import scenario
 from labkit.sim.steps import acquire_token, amount, release_with_token, with_tokens, write_each
-from labkit.sim.verdict import describe
+from labkit.sim.history import describe
 from labkit.sim.worker import LEASE
 
 __all__ = ["issuer_failover", "backup_restore"]
@@ -53,8 +53,6 @@ def _successor(w, ttl, take, poll=None):
 @scenario
 def issuer_failover(sim, *, protected, lag=5.0, failover_at=2.0, pause=30.0, ttl=10.0):
     """Lesson 04: a token counter fails over to a lagging replica and repeats; an epoch stops it."""
-    lag, failover_at = check_number(lag, "lag"), check_number(failover_at, "failover_at")
-    pause, ttl = check_number(pause, "pause"), check_number(ttl, "ttl", positive=True)
     with_tokens(sim)
     primary, replica = sim.database("primary"), sim.database("replica")
     warm = ReplicatedIssuer(primary, replica, sim.clock, LEASE, lag=0)
@@ -86,8 +84,6 @@ def backup_restore(
     """Lesson 04: a restored backup moves the token counter back; a new epoch stops it."""
     n = check_number(issued_after_backup, "issued_after_backup", integer=True, low=1, high=1000)
     bump = check_number(bump, "bump", integer=True, high=10**6)
-    restore_at, pause = check_number(restore_at, "restore_at"), check_number(pause, "pause")
-    ttl = check_number(ttl, "ttl", positive=True)
     with_tokens(sim)
     store = sim.database("authority")
     issuer, durable = EpochIssuer(store, LEASE), EpochAuthority(sim.database("durable"))

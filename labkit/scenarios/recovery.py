@@ -22,7 +22,6 @@ def crash_after_fence(
     """Lesson 07: B raises the fence and crashes; checkpoints and keys bill each customer once."""
     units = check_number(invoices, "invoices", integer=True, low=1, high=20)
     crash_after = check_number(crash_after, "crash_after", integer=True, high=units)
-    pause, ttl = check_number(pause, "pause"), check_number(ttl, "ttl", positive=True)
     sweep_every = check_number(sweep_every, "sweep_every", positive=True)
     customers = [f"c{i + 1}" for i in range(units)]
     Claims(sim.database("resource"), sim.clock).enqueue(JOB)

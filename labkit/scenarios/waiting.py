@@ -65,9 +65,6 @@ def herd(
     if strategy not in ("jitter", "watch"):
         raise BadArgument("strategy", f"must be 'jitter' or 'watch', got {strategy!r}")
     hold = check_number(hold, "hold", positive=True)
-    poll = check_number(poll, "poll", positive=True)
-    base, cap = check_number(base, "base", positive=True), check_number(cap, "cap", positive=True)
-    horizon, ttl = check_number(horizon, "horizon"), check_number(ttl, "ttl", positive=True)
     used = strategy if protected else "none"
     authority, env, rng, db = sim.authority, sim.env, sim.rng, sim.database("resource")
     released, queue = 1.0, []
@@ -131,8 +128,6 @@ def herd(
 @scenario
 def stale_watch(sim, *, protected, outage=6.0, session=3.0):
     """Lesson 06: a watcher acts on a notification kept over its outage; it must recheck first."""
-    outage = check_number(outage, "outage")
-    session = check_number(session, "session", positive=True)
     db, env = sim.database("authority"), sim.env
     watchers: dict[int, list] = {}  # seq watched -> [(worker name, event)]
     offline: dict[str, list] = {}  # worker -> notifications buffered while offline
@@ -217,9 +212,6 @@ def stale_watch(sim, *, protected, outage=6.0, session=3.0):
 @scenario
 def version_wait(sim, *, protected, pause=30.0, duration=10.0, heartbeat=3.0, offset=0.0):
     """Lesson 06: version-wait compares no clocks, yet a paused holder still needs the fence."""
-    pause, offset = check_number(pause, "pause"), check_number(offset, "offset")
-    duration = check_number(duration, "duration", positive=True)
-    heartbeat = check_number(heartbeat, "heartbeat", positive=True)
     setup = VersionLease(sim.database("authority"), sim.clock)
     for n in range(6):  # six earlier holders, each released
         setup.release(setup.claim(setup.observe(LEASE), f"earlier-{n + 1}", duration=duration))

@@ -1,7 +1,5 @@
 """The scenario engine: simulated workers on simpy (virtual time), acting on real SQLite files.
 
-A :class:`Sim` holds the simpy environment, a folder of real SQLite files, one
-seeded rng, a :class:`~labkit.LeaseAuthority` on virtual time and the history.
 A scenario has this shape (every scenario in :mod:`labkit.scenarios` has)::
 
     from labkit.sim import scenario
@@ -34,20 +32,19 @@ from __future__ import annotations
 import functools
 import inspect
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from random import Random
 from typing import Any, Callable
 
 import simpy
 import simpy.rt
 
-from labkit.db import check_name, execute, quote
+from labkit.db import execute, quote
 from labkit.errors import BadArgument, BadArgumentType, check_number
 from labkit.lease import LeaseAuthority
 from labkit.sim.files import connect_file, new_folder
-from labkit.sim.history import Event, check
-from labkit.sim.verdict import describe
-from labkit.sim.worker import TICK, Crashed, LocalClock, Worker
+from labkit.sim.history import TICK, Event, check, describe
+from labkit.sim.worker import Crashed, LocalClock, Worker
 
 __all__ = ["Sim", "Result", "scenario", "play", "SCENARIOS"]
 
@@ -63,16 +60,10 @@ class Result:
     """
 
     params: dict
-    history: tuple
-    tables: dict
-    violations: tuple
+    history: tuple = field(repr=False)
+    tables: dict = field(repr=False)
+    violations: tuple = field(repr=False)
     verdict: str
-
-    def __repr__(self) -> str:
-        return (
-            f"Result(verdict={self.verdict!r}, violations={len(self.violations)}, "
-            f"events={len(self.history)}, params={self.params!r})"
-        )
 
     @property
     def kinds(self) -> set[str]:
@@ -86,14 +77,9 @@ def _generations(tables: dict) -> dict:
 
 
 class Sim:
-    """One run: virtual time, real SQLite files in a temp folder, a seeded rng, a history.
-
-    Attributes:
-        env: the ``simpy.Environment`` (realtime, paced, when ``factor`` is given).
-        rng: ``Random(seed)``, the only randomness a scenario may use.
-        clock, authority: the virtual time ``env.now``, and the lease authority reading it.
-        layout: table name -> database name, for :meth:`tables`.
-        final: ``tables -> final state`` that :meth:`result` checks against (invoice -> generation).
+    """One run: simpy's ``env`` (realtime when ``factor`` is given), real SQLite files in a temp
+    folder, ``rng = Random(seed)`` (the only randomness a scenario may use), the lease
+    ``authority`` on the virtual ``clock``, the ``history``, and ``layout`` (table -> database).
 
     Example:
         >>> with Sim(seed=0) as sim:
@@ -118,17 +104,14 @@ class Sim:
         self.processes: dict[str, simpy.Process] = {}
         self.layout = dict.fromkeys(("invoices", "job_fence", "idempotency_keys"), "resource")
         self.layout.update(dict.fromkeys(("leases", "lease_counter"), "authority"))
-        self.final: Callable[[dict], dict] = _generations
+        self.final: Callable[[dict], dict] = _generations  # tables -> the state result() checks
         self.epochs = False  # do invoices carry an epoch? (see labkit.sim.steps.with_tokens)
-        self._dir = new_folder(check_number(earlier_holders, "earlier_holders", integer=True))
+        self._dir = new_folder(earlier_holders)
         self._admin: dict[str, Any] = {}
         self.authority = LeaseAuthority(self.database("authority"), self.clock)
 
     def path(self, name: str) -> str:
         """The file path of database ``name`` inside the sim's temp folder."""
-        check_name(name, "name")
-        if not name.replace("-", "").replace("_", "").isalnum():
-            raise BadArgument("name", f"must be letters, digits, - or _, got {name!r}")
         return str(self._dir / f"{name}.db")
 
     def connect(self, name: str = "resource"):
@@ -153,18 +136,14 @@ class Sim:
 
     def worker(self, name: str, **faults) -> Worker:
         """Create worker ``name`` with its own connections; ``faults`` as for :class:`Worker`."""
-        name = check_name(name, "name")
-        if name in self.workers:
-            raise BadArgument("name", f"worker {name!r} exists already")
         self.workers[name] = Worker(self, name, **faults)
         return self.workers[name]
 
     def start(self, worker: Worker, body: Callable, *args, at: float = 0.0, **kwargs):
         """Run ``body(worker, *args, **kwargs)`` (a generator function) from virtual time ``at``.
 
-        A :class:`Crashed` or ``simpy.Interrupt`` escaping the body ends that worker for good.
+        A :class:`Crashed` escaping the body ends that worker for good.
         """
-        at = check_number(at, "at")
 
         def life():
             if at > self.env.now:
@@ -173,29 +152,14 @@ class Sim:
                 return (yield from body(worker, *args, **kwargs))
             except Crashed:
                 pass  # recorded where it was raised
-            except simpy.Interrupt as exc:
-                worker.record("crash", "ok", target=str(exc.cause) or None)
 
         self.processes[worker.name] = self.env.process(life())
         return self.processes[worker.name]
 
-    def interrupt(self, worker: Worker, at: float, cause: str = "crash") -> None:
-        """Crash ``worker`` at virtual time ``at``: a ``simpy.Interrupt`` is thrown into it."""
-        at = check_number(at, "at")
-
-        def nemesis():
-            yield self.env.timeout(max(0.0, at - self.env.now))
-            process = self.processes.get(worker.name)
-            if process is not None and process.is_alive:
-                process.interrupt(cause)
-
-        self.env.process(nemesis())
-
     def record(self, worker: str, action: str, outcome: str = "ok", **fields) -> Event:
         """Append ``Event(now, worker, action, outcome, **fields)`` to the history and return it."""
-        event = Event(float(self.env.now), worker, action, outcome, **fields)
-        self.history.append(event)
-        return event
+        self.history.append(Event(float(self.env.now), worker, action, outcome, **fields))
+        return self.history[-1]
 
     def run(self, until: float | None = None) -> None:
         """Run until nothing is scheduled (or until virtual time ``until``)."""
@@ -206,10 +170,9 @@ class Sim:
         tables = self.tables()
         history = tuple(self.history)
         violations = tuple(check(history, final=self.final(tables)))
-        verdict = wording and wording(history, violations, tables)
-        return Result(
-            dict(params), history, tables, violations, verdict or describe(history, violations)
-        )
+        verdict = wording(history, violations, tables) if wording else None
+        verdict = verdict or describe(history, violations)
+        return Result(dict(params), history, tables, violations, verdict)
 
     def close(self) -> None:
         """Close every connection (rolling back open transactions) and delete the temp folder."""
@@ -225,9 +188,6 @@ class Sim:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def __repr__(self) -> str:
-        return f"Sim(now={self.env.now:g}, workers={list(self.workers)})"
 
 
 def scenario(builder: Callable) -> Callable[..., Result]:
@@ -257,6 +217,20 @@ def scenario(builder: Callable) -> Callable[..., Result]:
     return run
 
 
+#: knobs that are lengths of time and mean nothing at zero, in every scenario that has them
+POSITIVE_KNOBS = frozenset({"ttl", "duration", "heartbeat", "session", "poll", "base", "cap"})
+
+
+def _knob(name: str, value, default):
+    """A knob whose default is a number must be one too: >= 0 (> 0 if in POSITIVE_KNOBS),
+    and an int if the default is. Scenarios check their own further limits."""
+    if isinstance(default, bool) or not isinstance(default, (int, float)):
+        return value
+    return check_number(
+        value, name, integer=isinstance(default, int), positive=name in POSITIVE_KNOBS
+    )
+
+
 def play(
     f: Callable,
     *,
@@ -279,7 +253,7 @@ def play(
         raise BadArgument(
             unknown[0], f"is not a knob of {f.__name__}; its knobs are {sorted(f.knobs)}"
         )
-    knobs = {**f.knobs, **given}
+    knobs = {k: _knob(k, v, f.knobs[k]) for k, v in {**f.knobs, **given}.items()}
     with Sim(seed=seed, factor=factor, earlier_holders=6) as sim:
         wording = f.build(sim, protected=protected, **knobs)
         if step is None:

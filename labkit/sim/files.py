@@ -1,11 +1,10 @@
 """A simulation's SQLite files: a throwaway folder of real files, copied from templates.
 
-The folder is made in ``/dev/shm`` when the machine has one (memory-backed,
-still real files with real locks), else in the temporary folder. Its files
-are copies of templates made once per process: copying two closed files is
-much cheaper than building them for every run. Every folder's name carries the
-process id that made it; a process that was killed cannot remove its own, so the
-next process to make templates removes those of processes that no longer exist.
+The folder is in ``/dev/shm`` when there is one (memory-backed, still real files with real
+locks), else in the temporary folder. Its files are copies of templates made once per process:
+copying two closed files is much cheaper than building them for every run. Each folder's name
+carries the pid that made it; a killed process cannot remove its own, so the next process to
+make templates removes those of processes that no longer exist.
 """
 
 from __future__ import annotations
@@ -54,11 +53,8 @@ def new_folder(earlier_holders: int) -> Path:
 
 
 def connect_file(path: str):
-    """``labkit.connect(path, busy_timeout_ms=0)`` with ``synchronous=OFF``.
-
-    The files are throwaway, so durability across a power cut does not matter;
-    locking (what the scenarios show) is unchanged.
-    """
+    """``labkit.connect(path, busy_timeout_ms=0)`` with ``synchronous=OFF``: throwaway files
+    need no durability across a power cut, and locking (what the scenarios show) is unchanged."""
     db = connect(path, busy_timeout_ms=0)
     execute(db, "PRAGMA synchronous = OFF")
     return db

@@ -1,13 +1,13 @@
-"""Histories: what every worker tried and what the database or authority answered.
+"""Histories: what every worker tried and what the system answered; their checker and verdict.
 
 :func:`check` reads only the answers the system gave (``ok`` means committed)
-and the order and tokens of attempts. Vocabulary (``action``: ``outcome``):
+and the order and tokens of attempts; :func:`describe` words the result in one line.
+Vocabulary (``action``: ``outcome``):
 
 * ``acquire``, ``renew``: ``ok`` (``until`` = the expiry at the authority), ``held``, ``lost``;
   ``release``: ``ok`` or ``lost``.
-* :data:`EFFECTS` (``write``, ``email``, ``charge``; ``target`` = what changed, ``key`` = the
-  operation key): ``ok``, ``rejected`` (a fence, lease check or CAS), ``duplicate`` (a key),
-  ``crashed`` or ``aborted`` (rolled back).
+* :data:`EFFECTS` (``target`` = what changed, ``key`` = the operation key): ``ok``,
+  ``rejected`` (a fence, lease check or CAS), ``duplicate`` (a key), ``crashed`` or ``aborted``.
 * ``read`` (``ok``: saw ``target``'s committed state) and ``raise`` (``ok``: the fence committed
   at ``generation``) order a successor's first action and a writer's view; ``wait``, ``pause``,
   ``resume`` and ``crash`` are informational.
@@ -22,7 +22,9 @@ from typing import Iterable, Mapping
 from labkit.errors import BadArgument, BadArgumentType, LabkitError
 from labkit.fence import token
 
-__all__ = ["Event", "Violation", "check", "EFFECTS", "VIOLATION_KINDS"]
+__all__ = ["Event", "Violation", "check", "describe", "EFFECTS", "VIOLATION_KINDS", "TICK"]
+
+TICK = 0.5  # virtual seconds between a worker's retries of a locked database
 
 EFFECTS = frozenset({"write", "email", "charge"})
 VIOLATION_KINDS = (
@@ -75,6 +77,9 @@ def _is_token(value) -> bool:
     return True
 
 
+_NOT_TOKEN = "not an int or an (epoch, counter) pair"
+
+
 def _checked(history: Iterable[Event], final) -> list[Event]:
     """The events in time order (stable), after checking them and ``final``."""
     if isinstance(history, (str, bytes, Mapping)) or not hasattr(history, "__iter__"):
@@ -90,10 +95,7 @@ def _checked(history: Iterable[Event], final) -> list[Event]:
         if isinstance(time, bool) or not isinstance(time, (int, float)) or not math.isfinite(time):
             raise BadArgument("history", f"{what} time {time!r}, not a finite number")
         if e.generation is not None and not _is_token(e.generation):
-            raise BadArgument(
-                "history",
-                f"{what} generation {e.generation!r}, not an int or an (epoch, counter) pair",
-            )
+            raise BadArgument("history", f"{what} generation {e.generation!r}, {_NOT_TOKEN}")
     if final is not None:
         if not isinstance(final, Mapping):
             raise BadArgumentType(
@@ -101,31 +103,26 @@ def _checked(history: Iterable[Event], final) -> list[Event]:
             )
         for target, value in final.items():
             if value is not None and not _is_token(value):
-                raise BadArgument(
-                    "final", f"{target!r} holds {value!r}, not an int or an (epoch, counter) pair"
-                )
+                raise BadArgument("final", f"{target!r} holds {value!r}, {_NOT_TOKEN}")
     return sorted(events, key=lambda e: e.time)
 
 
 def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -> list[Violation]:
     """Return every safety violation in ``history`` (empty for a clean history).
 
-    One history is the story of ONE fenced job and ONE lease: the checker keeps
-    a single highest committed token for all effects and one lease expiry per
-    worker. ``final``, if given, is the committed state at the end,
-    ``{target: generation}``. Raises ``BadArgumentType`` or ``BadArgument``
-    (naming ``history`` or ``final``) for an event or a value that is not well formed.
+    One history is the story of ONE fenced job and ONE lease: the checker keeps a single highest
+    committed token for all effects and one lease expiry per worker. ``final``, if given, is the
+    committed state at the end, ``{target: generation}``. A malformed event or value raises
+    ``BadArgumentType`` or ``BadArgument`` naming ``history`` or ``final``.
 
     Checks:
         stale_accepted: an effect committed with a token below one already committed.
-        lost_update: a target's committed write replaced by a lower token, or by another
-            worker whose last read of that target came before the write (it never saw it),
-            or not what ``final`` holds.
+        lost_update: a target's committed write replaced by a lower token, or by another worker
+            whose last read of that target came before the write, or not what ``final`` holds.
         duplicate_effect: two committed effects with the same operation key.
-        acted_after_expiry: an effect committed by a worker whose lease had expired
-            and had meanwhile been granted to someone else who had begun to act on it
-            (an ``ok`` read, raise or effect). A commit that the successor waited for
-            (e.g. on the write lock) is ordered before it and is not flagged.
+        acted_after_expiry: an effect committed by a worker whose lease had expired and had
+            meanwhile been granted to someone who had begun to act on it (an ``ok`` read, raise
+            or effect). A commit the successor waited for (e.g. on the write lock) is not flagged.
         foreign_release: a release or renewal that succeeded for a worker not holding the lease.
 
     Example:
@@ -243,3 +240,46 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
                 f"{e.generation}, but the table holds {final.get(target)}",
             )
     return found
+
+
+_HEADLINE = ("lost_update", *(k for k in VIOLATION_KINDS if k != "lost_update"))  # worst first
+_LABEL = {kind: kind.replace("_", " ") for kind in VIOLATION_KINDS}
+_LABEL["stale_accepted"] = "stale write accepted"
+
+
+def describe(history: Iterable[Event], violations: Iterable[Violation]) -> str:
+    """One line: the worst violation, or for a clean run what stopped the failure
+    (a stale write bounced off the fence, a repeat recognised by its key, a lock wait)."""
+    violations = list(violations)
+    if violations:
+        worst = min(violations, key=lambda v: _HEADLINE.index(v.kind))
+        same = sorted({v.kind for v in violations if v.event == worst.event}, key=_HEADLINE.index)
+        message = worst.message
+        if "acted_after_expiry" in same and worst.kind != "acted_after_expiry":
+            message += ", after its lease expired"
+        others = len({id(v.event) for v in violations if v.event != worst.event})
+        more = f" (and {others} more)" if others else ""
+        return f"{message}: {', '.join(_LABEL[k] for k in same)}{more}"
+    history = list(history)
+    fence = None
+    for e in history:
+        if e.action == "raise" and e.outcome == "ok":
+            fence = e.generation
+        elif e.action in EFFECTS and e.outcome == "rejected":
+            at = f" at {fence}" if fence is not None else ""
+            stale = f"{e.worker}'s stale {e.action} with {e.generation}"
+            return f"{stale} bounced off the fence{at}: nothing lost"
+    dup = next((e for e in history if e.outcome == "duplicate"), None)
+    if dup is not None:
+        repeat = f"{dup.worker}'s repeat of {dup.key!r}"
+        return f"{repeat} was recognised by its key: it took effect once"
+    n = sum(1 for e in history if e.action in EFFECTS and e.outcome == "ok")
+    waits = [e for e in history if e.action == "wait"]
+    if waits:
+        who = waits[0].worker
+        mine = [e.time for e in waits if e.worker == who]
+        return (
+            f"{who} waited {mine[-1] - mine[0] + TICK:g} s for the write lock, then went on: "
+            f"no violation, {n} committed writes in generation order"
+        )
+    return f"no violation: {n} committed writes, in generation order, none lost"

@@ -1,10 +1,7 @@
 """Steps several scenarios share: seeded amounts and work times, and the token-carrying moves.
 
-:func:`amount` and :func:`work` draw from the sim's seeded rng, so the seed
-changes the tables and the timing, and nothing else does. From lesson 04 on,
-a token may be an ``(epoch, n)`` pair: :func:`with_tokens` lets invoices carry
-one, and :func:`acquire_token` and :func:`release_with_token` act at the
-authority at once, recording the token the worker acts with.
+From lesson 04 on, a token may be an ``(epoch, n)`` pair: :func:`with_tokens` lets invoices
+carry one, and :func:`acquire_token` and :func:`release_with_token` record the token acted with.
 """
 
 from __future__ import annotations
@@ -25,10 +22,7 @@ def work(w) -> float:
 
 
 def with_tokens(sim) -> None:
-    """Let invoices carry ``(epoch, n)`` tokens (:meth:`Worker.write` then writes the epoch column).
-
-    The final state checked is then ``(epoch, n)`` per invoice and per fenced file.
-    """
+    """Let invoices carry ``(epoch, n)`` tokens, checked as ``(epoch, n)`` per invoice and file."""
     db = sim.database("resource")
     if "epoch" not in [r[1] for r in execute(db, "PRAGMA table_info(invoices)")]:
         execute(db, "ALTER TABLE invoices ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0")
@@ -42,10 +36,8 @@ def with_tokens(sim) -> None:
 
 
 def acquire_token(w, ttl: float, *, issue=None, owner=None, authority=None, poll=None):
-    """Poll ``authority`` (default the sim's) until granted; return ``(lease, token)``.
-
-    Unlike :meth:`Worker.acquire`, no message travels. The token is ``issue()``,
-    called in the same step as the grant, or else the lease's generation.
+    """Poll ``authority`` (default the sim's) until granted, with no message travelling; return
+    ``(lease, token)``, the token being ``issue()`` (called in the grant's step) or the generation.
     """
     authority = authority or w.sim.authority
 
@@ -74,10 +66,7 @@ def release_with_token(w, lease, token, *, authority=None) -> bool:
 
 
 def write_each(w, invoices, token, *, fenced: bool, base: int = 200, every: float = 1.0):
-    """Read ``invoices``, then write each ``every`` s apart with ``token``; stop at a refusal.
-
-    Returns True if every write was accepted.
-    """
+    """Read ``invoices``, then write each ``every`` s apart with ``token``; False at a refusal."""
     w.read(invoices)
     for invoice in invoices:
         yield w.env.timeout(every)

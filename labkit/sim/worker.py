@@ -10,10 +10,9 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterable
 
-from labkit.db import check_name, execute
-from labkit.errors import BadArgument, Busy, LabkitError, LeaseLost, StaleGeneration, check_number
+from labkit.db import execute
+from labkit.errors import Busy, LabkitError, LeaseLost, StaleGeneration, check_number
 from labkit.fence import Fence, unfenced
-from labkit.idempotency import run_once
 from labkit.lease import Lease
 from labkit.sim.history import Event
 
@@ -21,14 +20,12 @@ __all__ = ["Worker", "LocalClock", "Crashed", "NoResponse", "upsert_invoice"]
 
 JOB = "invoice-run"  # the fenced job, and the job_id of every invoice
 LEASE = "invoice-run"  # the lease's name at the authority
-TICK = 0.5  # virtual seconds between retries of a locked database (Sim's default tick)
 
 
-def upsert_invoice(db, invoice: str, amount, generation, *, job: str = JOB, epoch=None) -> None:
-    """UPSERT one invoice row: a later write replaces an earlier one, whatever its generation.
-
-    The resource with no protection of its own. ``epoch`` also writes that column.
-    Named parameters let a protected table's refusal say which generation it refused.
+def upsert_invoice(db, invoice: str, amount, generation, *, epoch=None) -> None:
+    """UPSERT one invoice row of :data:`JOB`: a later write replaces an earlier one, whatever
+    its generation (the resource with no protection of its own). ``epoch`` also writes that
+    column. Named parameters let a protected table's refusal say which generation it refused.
     """
     row = {"amount": amount, "generation": generation} | ({} if epoch is None else {"epoch": epoch})
     execute(
@@ -37,7 +34,7 @@ def upsert_invoice(db, invoice: str, amount, generation, *, job: str = JOB, epoc
         f" VALUES (:job, :invoice, {', '.join(':' + c for c in row)})"
         " ON CONFLICT(job_id, invoice_id) DO UPDATE SET "
         + ", ".join(f"{c} = excluded.{c}" for c in row),
-        {"job": job, "invoice": invoice, **row},
+        {"job": JOB, "invoice": invoice, **row},
     )
 
 
@@ -67,21 +64,15 @@ class LocalClock:
         """Return this clock's reading of the virtual time."""
         return self.offset + (1.0 + self.drift) * float(self.env.now)
 
-    def __repr__(self) -> str:
-        return f"LocalClock(now={self.now():g}, offset={self.offset:g}, drift={self.drift:g})"
-
 
 class Worker:
     """A simulated worker of one :class:`~labkit.sim.engine.Sim`, recording every attempt.
 
-    Faults (keyword-only):
-        pauses: ``{point: seconds}``; each fires once, the first time the worker passes ``point``.
-        crash_at: a point name; the worker raises :class:`Crashed` there.
-        request_latency, response_latency: seconds per message to/from the authority,
-            a number or a ``(low, high)`` range drawn from ``sim.rng``.
-        lose: action names whose next response is lost, once per listed name;
-            ``timeout``: how long the worker then waits before :class:`NoResponse`.
-        offset, drift: skew this worker's :attr:`clock` only.
+    Faults (keyword-only): ``pauses`` ``{point: seconds}``, each once, the first time the
+    worker passes ``point``; ``crash_at`` a point where it raises :class:`Crashed`;
+    ``request_latency`` and ``response_latency``, seconds per message to and from the
+    authority; ``lose``, actions whose next response is lost (once per listed name), each
+    raising :class:`NoResponse` after ``timeout`` s; ``offset`` and ``drift`` of its clock.
 
     Example:
         >>> from labkit.sim.engine import Sim
@@ -103,22 +94,18 @@ class Worker:
         *,
         pauses: dict | None = None,
         crash_at: str | None = None,
-        request_latency=0.0,
-        response_latency=0.0,
+        request_latency: float = 0.0,
+        response_latency: float = 0.0,
         lose: Iterable[str] = (),
         timeout: float = 5.0,
         offset: float = 0.0,
         drift: float = 0.0,
     ) -> None:
         self.sim, self.name, self.env = sim, name, sim.env
-        self.pauses = {
-            check_name(k, "pauses"): check_number(v, "pause") for k, v in (pauses or {}).items()
-        }
-        self.crash_at = None if crash_at is None else check_name(crash_at, "crash_at")
-        self.request_latency = _latency(request_latency, "request_latency")
-        self.response_latency = _latency(response_latency, "response_latency")
-        self.lose = [check_name(a, "lose") for a in lose]
-        self.timeout = check_number(timeout, "timeout")
+        self.pauses = {k: check_number(v, "pause") for k, v in (pauses or {}).items()}
+        self.crash_at, self.lose, self.timeout = crash_at, list(lose), timeout
+        self.request_latency = check_number(request_latency, "request_latency")
+        self.response_latency = check_number(response_latency, "response_latency")
         self.clock = LocalClock(sim.env, float(offset), float(drift))
         self._conns: dict[str, Any] = {}
         self._fences: dict[str, Fence] = {}
@@ -157,18 +144,17 @@ class Worker:
 
     def pause(self, seconds: float, point: str | None = None):
         """Stop for ``seconds`` of virtual time (a GC pause, a frozen VM); recorded with its end."""
-        seconds = check_number(seconds, "seconds")
         self.record("pause", "ok", target=point, until=float(self.env.now) + seconds)
         yield self.env.timeout(seconds)
         self.record("resume", "ok", target=point)
 
-    def locked(self, fn: Callable, *args, db: str = "resource", target=None):
+    def locked(self, fn: Callable, *args, target: str = "resource"):
         """Call ``fn(*args)``; while it raises ``Busy``, record a wait and retry after a tick."""
         while True:
             try:
                 return fn(*args)
             except Busy:
-                self.record("wait", "busy", target=target or db)
+                self.record("wait", "busy", target=target)
                 yield self.env.timeout(self.sim.tick)
 
     def wait_for_lock(self, db: str = "resource", target=None):
@@ -177,37 +163,29 @@ class Worker:
         One worker runs at a time, so the lock stays free until the caller next yields.
         """
         conn = self.connection(db)
-
-        def probe():
-            execute(conn, "BEGIN IMMEDIATE")
-            execute(conn, "ROLLBACK")
-
-        yield from self.locked(probe, db=db, target=target)
+        yield from self.locked(execute, conn, "BEGIN IMMEDIATE", target=target or db)
+        execute(conn, "ROLLBACK")
 
     def _ask(self, fn: Callable):
-        yield self.env.timeout(_draw(self.sim.rng, self.request_latency))
+        yield self.env.timeout(self.request_latency)
         return fn()  # the authority acts now, at its own time
 
     def reply(self, action: str):
-        """The answer to ``action`` travels back: ``response_latency``, or lost (see ``lose``).
-
-        Raises :class:`NoResponse` after waiting ``timeout`` s when this response is lost.
-        """
+        """The answer to ``action`` travels back; if it is lost (see ``lose``), raise
+        :class:`NoResponse` after waiting ``timeout`` s."""
         if action in self.lose:
             self.lose.remove(action)
             yield self.env.timeout(self.timeout)
             self.record("response", "lost", target=action)
             raise NoResponse(self.name, action)
-        yield self.env.timeout(_draw(self.sim.rng, self.response_latency))
+        yield self.env.timeout(self.response_latency)
 
     def heard(self, authority, lease: Lease | None, token=None) -> None:
         """Record an acquire's answer: ``ok`` with ``token`` (or the generation), or ``held``."""
         if lease is None:
             held = authority.current(LEASE)
-            self.held_until, generation = held and held.expires_at, held and held.generation
-            self.record(
-                "acquire", "held", generation=generation, target=LEASE, until=self.held_until
-            )
+            self.held_until, current = held and held.expires_at, held and held.generation
+            self.record("acquire", "held", generation=current, target=LEASE, until=self.held_until)
         else:
             token = lease.generation if token is None else token
             self.record("acquire", "ok", generation=token, target=LEASE, until=lease.expires_at)
@@ -226,7 +204,6 @@ class Worker:
         Between attempts it waits ``poll`` s, or until the holder's expiry in the
         last ``held`` answer (read on ``clock``, default the sim's), at least a tick.
         """
-        poll = None if poll is None else check_number(poll, "poll", positive=True)
         clock = clock or self.sim.clock
         while True:
             lease = yield from (attempt() if attempt else self.acquire(ttl))
@@ -265,44 +242,26 @@ class Worker:
             self.record("read", "ok", target=invoice, generation=seen.get(invoice))
 
     def write(
-        self,
-        invoice: str,
-        amount: int,
-        generation: int,
-        *,
-        fenced: bool = True,
-        key: str | None = None,
-        inside: str = "inside-write",
-        read: bool = False,
+        self, invoice: str, amount, generation, *, fenced=True, inside="inside-write", read=False
     ):
-        """Upsert one invoice in one transaction, through the fence when ``fenced``.
+        """Upsert one invoice in one transaction, through the fence when ``fenced``; return the
+        outcome, ``"ok"`` or ``"rejected"``.
 
-        Inside the open transaction it passes point ``inside`` (a pause there holds the
-        lock); ``key`` runs it under :func:`~labkit.run_once`; ``read`` reads the invoice
-        first. After :func:`~labkit.sim.steps.with_tokens`, ``generation`` may be an
-        ``(epoch, n)`` token. Returns the outcome: ``"ok"``, ``"rejected"`` or ``"duplicate"``.
+        Inside the open transaction it passes point ``inside`` (a pause there holds the lock);
+        ``read`` reads the invoice first. After :func:`~labkit.sim.steps.with_tokens`,
+        ``generation`` may be an ``(epoch, n)`` token.
         """
         yield from self.wait_for_lock(target=invoice)
-        repeated = [True]
         epoch, n = None, generation
         if self.sim.epochs:
             epoch, n = generation if isinstance(generation, tuple) else (0, generation)
-
-        def effect(tx):
-            repeated[0] = False
-            upsert_invoice(tx.conn, invoice, amount, n, epoch=epoch)
-            return invoice
-
-        fields = {"generation": generation, "key": key, "target": invoice}
+        fields = {"generation": generation, "target": invoice}
         try:
             opened = self.fence().guard(generation) if fenced else unfenced(self.db, generation)
             with opened as tx:
                 if read:
                     self.read([invoice])
-                if key is None:
-                    effect(tx)
-                else:
-                    run_once(tx, key, effect, payload={"invoice": invoice, "amount": amount})
+                upsert_invoice(tx.conn, invoice, amount, n, epoch=epoch)
                 yield from self.point(inside)
         except StaleGeneration:
             return self.record("write", "rejected", **fields).outcome
@@ -311,7 +270,7 @@ class Worker:
             raise
         if fenced:
             self.record("raise", "ok", generation=generation, target=JOB)
-        return self.record("write", "duplicate" if repeated[0] else "ok", **fields).outcome
+        return self.record("write", "ok", **fields).outcome
 
     def raise_fence(self, generation: int, db: str = "resource"):
         """Raise the fence on ``db`` to ``generation`` and commit: True, or False if stale."""
@@ -324,19 +283,3 @@ class Worker:
             return False
         self.record("raise", "ok", generation=generation, target=JOB)
         return True
-
-
-def _latency(value, name: str):
-    """Check a latency: seconds, or a ``(low, high)`` range."""
-    if isinstance(value, (tuple, list)):
-        if len(value) != 2:
-            raise BadArgument(name, f"must be seconds or a (low, high) pair, got {value!r}")
-        low, high = check_number(value[0], name), check_number(value[1], name)
-        if low > high:
-            raise BadArgument(name, f"low {low} is above high {high}")
-        return (low, high)
-    return check_number(value, name)
-
-
-def _draw(rng, latency) -> float:
-    return rng.uniform(*latency) if isinstance(latency, tuple) else latency

@@ -1,8 +1,7 @@
 """Pictures of scenario runs: a timeline per run, an outcome map over two knobs, a verdict table.
 
-The timeline's artists (:func:`add_artists`, :func:`fill`) are shared with the panel's
-renderer in :mod:`labkit.views.widgets`. Helpers take ``ax=None`` and return the axes.
-Nothing here changes matplotlib's settings at import time; :class:`present` does, when called.
+The timeline's artists are shared with the panel's renderer (:mod:`labkit.views.widgets`).
+Helpers take ``ax=None`` and return the axes; only :class:`present` changes settings.
 """
 
 from __future__ import annotations
@@ -47,21 +46,22 @@ def fit_figure(fig, lanes: int, top: float | None = None) -> None:
     top = _inch("top") if top is None else top
     w, h = _inch("width"), top + _inch("bottom") + _inch("lane") * (lanes + 1) + 0.3
     fig.set_size_inches(w, h)
-    fig.subplots_adjust(
-        left=_inch("left") / w,
-        right=1 - _inch("right") / w,
-        top=1 - top / h,
-        bottom=_inch("bottom") / h,
-    )
+    left, right, bottom = _inch("left") / w, 1 - _inch("right") / w, _inch("bottom") / h
+    fig.subplots_adjust(left=left, right=right, top=1 - top / h, bottom=bottom)
 
 
 def _fence_style() -> dict:
-    return dict(
-        color=COLOURS["fence"], drawstyle="steps-post", lw=mpl.rcParams["lines.linewidth"] * 1.5
-    )
+    width = mpl.rcParams["lines.linewidth"] * 1.5
+    return dict(color=COLOURS["fence"], drawstyle="steps-post", lw=width)
 
 
-def _legend(ax):
+def frame(ax, lanes: list[str], xmax: float) -> None:
+    """The parts that depend only on the lanes and the time range: ticks, grid, legend."""
+    ax.set_yticks(range(len(lanes) + 1), lanes + ["fence"])
+    ax.set(ylim=(len(lanes) + 0.6, -0.7), xlim=(-0.02 * xmax, xmax))
+    ax.set(xlabel="virtual time (s)", axisbelow=True)
+    ax.grid(axis="x", alpha=0.3)
+    ax.spines[["top", "right"]].set_visible(False)
     marks = styles()
     handles = [
         Patch(**SPAN_STYLES["lease"], label="lease held"),
@@ -72,7 +72,7 @@ def _legend(ax):
         Line2D([], [], **_fence_style(), label="fence token"),
     ]
     below = -0.62 * _inch("lane") / _IN["lane"] / ax.figure.get_size_inches()[1]
-    return ax.legend(
+    ax.legend(
         handles=handles,
         loc="upper left",
         bbox_to_anchor=(0.0, below / ax.get_position().height),
@@ -83,18 +83,6 @@ def _legend(ax):
         columnspacing=1.2,
         handletextpad=0.4,
     )
-
-
-def frame(ax, lanes: list[str], xmax: float) -> None:
-    """The parts that depend only on the lanes and the time range: ticks, grid, legend."""
-    ax.set_yticks(range(len(lanes) + 1), lanes + ["fence"])
-    ax.set_ylim(len(lanes) + 0.6, -0.7)
-    ax.set_xlim(-0.02 * xmax, xmax)
-    ax.set_xlabel("virtual time (s)")
-    ax.grid(axis="x", alpha=0.3)
-    ax.set_axisbelow(True)
-    ax.spines[["top", "right"]].set_visible(False)
-    _legend(ax)
 
 
 def add_artists(ax, animated: bool = False) -> dict:
@@ -121,7 +109,7 @@ def fill(made: dict, sc) -> list:
     made["ticks"].set_segments([[(x, y - 0.42), (x, y + 0.42)] for x, y in sc.ticks])
     made["fence"].set_data(*(sc.fence or ([], [])))
     for name in styles():
-        made[name].set_data(*sc.points.get(name, ([], [])))
+        made[name].set_data(*(zip(*sc.points[name]) if name in sc.points else ([], [])))
     drawn = {**sc.spans, "ticks": sc.ticks, "fence": sc.fence, **sc.points}
     return [artist for name, artist in made.items() if drawn.get(name)]
 
@@ -163,11 +151,10 @@ def timeline(result, ax=None):
     ``result`` is a Result, or anything with ``history``, ``violations``, ``verdict`` and
     ``params``. At most 14 lanes are drawn (the busiest workers); the caption counts the rest.
 
-    Example:
-        >>> from labkit.scenarios import expired_but_alive
-        >>> ax = timeline(expired_but_alive(protected=False))
-        >>> [t.get_text() for t in ax.get_yticklabels()]
-        ['A', 'B', 'fence']
+    >>> from labkit.scenarios import expired_but_alive
+    >>> ax = timeline(expired_but_alive(protected=False))
+    >>> [t.get_text() for t in ax.get_yticklabels()]
+    ['A', 'B', 'fence']
     """
     lanes = lanes_of(result.history)
     if ax is None:
@@ -189,82 +176,62 @@ def timeline(result, ax=None):
     return ax
 
 
-#: the outcome map's colours, worst first after "no violation"
-_OUTCOME_COLOURS = {
-    "no violation": "#009E73",
-    "lost_update": "#D55E00",
-    "stale_accepted": "#E69F00",
-    "duplicate_effect": "#CC79A7",
-    "acted_after_expiry": "#56B4E9",
-    "foreign_release": "#0072B2",
-}
-
-
-def _knob_label(name: str) -> str:
-    return name if name in ("repeats", "contenders") else f"{name} (s)"
+#: the outcome map's outcomes, worst first after "no violation", and their colours
+_OUTCOMES = ["no violation", "lost_update", "stale_accepted", "duplicate_effect"]
+_OUTCOMES += ["acted_after_expiry", "foreign_release"]
+_OUTCOME_COLOURS = ["#009E73", "#D55E00", "#E69F00", "#CC79A7", "#56B4E9", "#0072B2"]
 
 
 def outcome_map(scenario, x, y, *, protected: bool = False, seed: int = 0, ax=None, **fixed):
     """Run ``scenario`` over a grid of two knobs and colour each cell by its worst violation.
 
     ``x`` and ``y`` are ``(knob, values)`` pairs; ``fixed`` holds other knobs fixed. A cell
-    holds the index of its outcome in ``_OUTCOME_COLOURS`` (0: no violation).
+    holds the index of its outcome in ``_OUTCOMES`` (0: no violation).
     """
     (xname, xs), (yname, ys) = x, y
     xs, ys = list(xs), list(ys)
-    outcomes = list(_OUTCOME_COLOURS)
 
     def worst(xv, yv) -> int:
         kinds = scenario(protected=protected, seed=seed, **{**fixed, xname: xv, yname: yv}).kinds
-        return next((i for i, kind in enumerate(outcomes) if kind in kinds), 0)
+        return next((i for i, kind in enumerate(_OUTCOMES) if kind in kinds), 0)
 
     cells = [[worst(xv, yv) for xv in xs] for yv in ys]
     if ax is None:
         import matplotlib.pyplot as plt
 
         ax = plt.figure(figsize=(9, 4.5), layout="constrained").add_subplot()
-    cmap = mpl.colors.ListedColormap(list(_OUTCOME_COLOURS.values()))
-    ax.imshow(cells, cmap=cmap, vmin=-0.5, vmax=len(outcomes) - 0.5, origin="lower", aspect="auto")
+    cmap = mpl.colors.ListedColormap(_OUTCOME_COLOURS)
+    ax.imshow(cells, cmap=cmap, vmin=-0.5, vmax=len(_OUTCOMES) - 0.5, origin="lower", aspect="auto")
     ax.set_xticks(range(len(xs)), [f"{v:g}" for v in xs])
     ax.set_yticks(range(len(ys)), [f"{v:g}" for v in ys])
-    ax.set(xlabel=_knob_label(xname), ylabel=_knob_label(yname))
+    xlabel, ylabel = (n if n in ("repeats", "contenders") else f"{n} (s)" for n in (xname, yname))
+    ax.set(xlabel=xlabel, ylabel=ylabel)
     shown = sorted({c for row in cells for c in row})
-    handles = [Patch(color=cmap(c), label=outcomes[c].replace("_", " ")) for c in shown]
+    handles = [Patch(color=cmap(c), label=_OUTCOMES[c].replace("_", " ")) for c in shown]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     defaults = getattr(scenario, "knobs", {})
     if defaults.get(xname) in xs and defaults.get(yname) in ys:
         where = (xs.index(defaults[xname]), ys.index(defaults[yname]))
         style = dict(ha="center", va="center", fontsize="small", color="white", fontweight="bold")
         ax.text(*where, "source's numbers", **style)
-    name = getattr(scenario, "__name__", "scenario")
     mode = "protected" if protected else "unprotected"
-    ax.set_title(f"{name}, {mode}: worst outcome per run", loc="left")
+    ax.set_title(f"{scenario.__name__}, {mode}: worst outcome per run", loc="left")
     return ax
 
 
-def verdict_table(rows, *, verdicts=(1,), ok: str = "no violation", ax=None):
+def verdict_table(rows, *, verdicts=(1,), ax=None):
     """Draw rows of text (the first, a header, in bold) as a table with coloured verdict columns.
 
-    In the ``verdicts`` columns a cell equal to ``ok`` is green, any other vermilion. Raises
+    In the ``verdicts`` columns "no violation" is green, any other text vermilion. Raises
     BadArgument for no rows, rows of different lengths, or a ``verdicts`` index out of range.
-
-    Example:
-        >>> ax = verdict_table([("scenario", "naive"), ("herd", "no violation")])
-        >>> [t.get_text() for t in ax.texts]
-        ['scenario', 'naive', 'herd', 'no violation']
     """
     rows = [tuple(map(str, row)) for row in rows]
     if not rows or len({len(row) for row in rows}) != 1:
         raise BadArgument("rows", "needs a header row and rows of the same length")
     columns = len(rows[0])
     if any(not 0 <= i < columns for i in verdicts):
-        raise BadArgument(
-            "verdicts", f"column indexes must be in 0 .. {columns - 1}, got {tuple(verdicts)}"
-        )
-    widths = [
-        max(len(line) for row in rows for line in row[i].splitlines() or [""]) + 3
-        for i in range(columns)
-    ]
+        raise BadArgument("verdicts", f"column indexes must be in 0 .. {columns - 1}")
+    widths = [max(map(len, column)) + 3 for column in zip(*rows)]
     starts = [sum(widths[:i]) / sum(widths) for i in range(columns)]
     if ax is None:
         import matplotlib.pyplot as plt
@@ -273,7 +240,7 @@ def verdict_table(rows, *, verdicts=(1,), ok: str = "no violation", ax=None):
         ax = plt.figure(figsize=size, layout="constrained").add_subplot()
     for y, row in enumerate(rows):
         for x, (start, text) in enumerate(zip(starts, row)):
-            colour = COLOURS["accepted"] if text == ok else COLOURS["rejected"]
+            colour = COLOURS["accepted"] if text == "no violation" else COLOURS["rejected"]
             if y == 0 or x not in verdicts:
                 colour = "#222222"
             weight = "bold" if y == 0 else "normal"
@@ -300,8 +267,7 @@ _PRESENTER = {
 class present:
     """Presenter mode for projecting: larger fonts, thicker lines, bigger markers.
 
-    ``present()`` switches it on, ``present(False)`` back off; ``with present():`` restores
-    the previous settings on exit.
+    ``present()`` on, ``present(False)`` off; ``with present():`` restores the settings on exit.
     """
 
     _before: dict | None = None

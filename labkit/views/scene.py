@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import matplotlib as mpl
 
+from labkit.fence import token
 from labkit.sim.history import EFFECTS
 
 __all__ = ["Scene", "scene", "styles", "COLOURS", "SPAN_STYLES", "LABEL_STYLES"]
@@ -27,7 +28,6 @@ COLOURS = {
     "duplicate": "#E69F00",
     "read": "#7f7f7f",
     "crash": "#000000",
-    "violation": "#000000",
 }
 SPAN_STYLES = {
     "lease": dict(facecolor=COLOURS["lease"], alpha=0.45, linewidth=0),
@@ -61,7 +61,7 @@ def styles() -> dict:
         "duplicate": dict(marker="P", color=COLOURS["duplicate"], mec="white", **write),
         "crashed": dict(marker="x", color=COLOURS["crash"], mec=COLOURS["crash"], **write),
         "violation": dict(
-            marker="o", mfc="none", mec=COLOURS["violation"], mew=2, ms=size * 2.2, zorder=6
+            marker="o", mfc="none", mec=COLOURS["crash"], mew=2, ms=size * 2.2, zorder=6
         ),
     }
 
@@ -125,21 +125,15 @@ def _write_kind(e, later) -> str:
     return {"rejected": "rejected", "duplicate": "duplicate"}.get(e.outcome, "crashed")
 
 
-def _token_order(t):
-    return tuple(t) if isinstance(t, (tuple, list)) else (0, t)
-
-
 @dataclass(frozen=True, slots=True)
 class Scene:
     """One run's timeline as coordinates: worker lanes at y = 0, 1, ...; the fence's lane below.
 
-    Attributes:
-        spans: ``"lease"``/``"pause"``/``"wait"`` -> rectangles ``(x0, x1, y, half_height)``.
-        ticks: the authority's expiries, ``(x, y)``.
-        points: a key of :func:`styles` -> ``(xs, ys)``.
-        labels: ``(text, x, y, dy, kind)``: ``dy`` in marker sizes, kind a key of LABEL_STYLES.
-        fence: the fence token's step line ``(xs, ys)``, or None.
-        title, colour, caption: the verdict, its colour, and the knobs line.
+    Attributes: spans (``"lease"``/``"pause"``/``"wait"`` -> rectangles ``(x0, x1, y,
+    half_height)``), ticks (the authority's expiries, ``(x, y)``), points (a key of
+    :func:`styles` -> ``[(x, y)]``), labels (``(text, x, y, dy, kind)``, ``dy`` in marker sizes,
+    kind a key of LABEL_STYLES), fence (the token's step line ``(xs, ys)``, or None), and title,
+    colour, caption (the verdict, its colour, and the knobs line).
     """
 
     spans: dict
@@ -161,9 +155,7 @@ def scene(result, lanes: list[str], xmax: float) -> Scene:
     ticks, points, labels = [], {}, []
 
     def mark(style, x, y):
-        xs, ys = points.setdefault(style, ([], []))
-        xs.append(x)
-        ys.append(y)
+        points.setdefault(style, []).append((x, y))
 
     for y, worker in enumerate(lanes):
         mine = [e for e in history if e.worker == worker]
@@ -207,16 +199,13 @@ def scene(result, lanes: list[str], xmax: float) -> Scene:
     ]
     fence = None
     if raises:
-        rank = {
-            t: i for i, t in enumerate(sorted({e.generation for e in raises}, key=_token_order))
-        }
+        tokens = sorted({e.generation for e in raises}, key=token)
+        rank = {t: i for i, t in enumerate(tokens)}
         ys = [fy + 0.35 - 0.7 * rank[e.generation] / max(len(rank) - 1, 1) for e in raises]
         fence = ([e.time for e in raises] + [max(end_of(history), xmax)], ys + ys[-1:])
-        shown = None
-        for e, yy in zip(raises, ys):
-            if e.generation != shown:
+        for i, (e, yy) in enumerate(zip(raises, ys)):
+            if i == 0 or e.generation != raises[i - 1].generation:  # label each new token once
                 labels.append((str(e.generation), e.time, yy, 0.4, "fence"))
-                shown = e.generation
     else:
         labels.append(("no fenced write: the fence was never raised", 0.0, fy, 0, "note"))
     knobs = ", ".join(

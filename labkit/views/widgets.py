@@ -1,8 +1,8 @@
 """Slider panels for notebooks: rerun a scenario on every change and redraw its timeline in place.
 
-:func:`explore`'s timeline is an inline PNG in a ``widgets.Output`` whose ``outputs`` are
-swapped in one update, so nothing flickers, stacks or moves. :func:`replay` plays a run
-paced in wall-clock time (``simpy.rt``), the timeline growing as it runs.
+:func:`explore`'s timeline is an inline PNG in a ``widgets.Output`` whose ``outputs`` are swapped
+in one update, so nothing flickers, stacks or moves. :func:`replay` plays a run paced in
+wall-clock time (``simpy.rt``), the timeline growing as it runs.
 """
 
 from __future__ import annotations
@@ -36,22 +36,22 @@ SLIDER_KNOBS = frozenset(
 )
 _STEPS = (10, 15, 20, 30, 40, 50, 60, 80, 100, 120, 150, 200, 300, 400, 600, 1000)
 _FIXED = ("seed", "protected")  # the controls every panel has
+_LIVE = "LABKIT_LIVE_SECONDS"  # if set, caps a whole replay at that many wall seconds
 
 
 class TimelineRenderer:
     """Draw many runs fast as PNG bytes (for the panel): the picture of :func:`.plot.timeline`.
 
-    The frame (lanes, ticks, legend) is drawn once per (lanes, time range) and kept; each
-    run restores it and draws only the timeline's artists, refilled (blitting). The lanes
-    and time range of ``runs`` are reserved up front, and the range only grows, in round
-    steps, so the picture does not jump while a slider moves.
+    The frame (lanes, ticks, legend) is drawn once per (lanes, time range); each run restores
+    it and draws only the timeline's artists (blitting). The lanes and time range of ``runs``
+    are reserved up front, and the range only grows, in round steps, so the picture holds still.
     """
 
-    def __init__(self, runs=(), dpi: int = 80) -> None:
+    def __init__(self, runs=()) -> None:
         self.lanes, self.xmax = [], max((end_of(r.history) * 1.03 for r in runs), default=0.0)
         for run in runs:
             self.lanes += [w for w in lanes_of(run.history) if w not in self.lanes]
-        self.figure = Figure(dpi=dpi)
+        self.figure = Figure(dpi=80)
         self.canvas = FigureCanvasAgg(self.figure)
         self.ax = self.figure.add_subplot()
         self._key = self._background = self._artists = None
@@ -122,10 +122,8 @@ def _control(name: str, spec, default):
     if isinstance(spec, list):
         value = default if default in spec else spec[0]
         return widgets.Dropdown(options=spec, value=value, **common)
-    if not isinstance(spec, tuple) or len(spec) not in (2, 3):
-        raise BadArgument(
-            name, f"must be (low, high), (low, high, step) or a list of choices, got {spec!r}"
-        )
+    if len(spec) not in (2, 3):
+        raise BadArgument(name, f"must be (low, high[, step]) or a list of choices, got {spec!r}")
     low, high, *step = spec
     value = min(max(default, low), high) if isinstance(default, (int, float)) else low
     whole = isinstance(default, int) and not isinstance(default, bool)
@@ -148,9 +146,9 @@ class Explorer(widgets.VBox):
     """The slider panel of :func:`explore`: ``controls`` (knob -> widget, then seed and
     protected), ``result`` (the latest run) and ``image`` (the Output holding the PNG)."""
 
-    def __init__(self, scenario, controls: dict, fixed: dict, dpi: int = 80) -> None:
+    def __init__(self, scenario, controls: dict, fixed: dict) -> None:
         self.scenario, self.controls, self.fixed = scenario, controls, fixed
-        self.renderer = TimelineRenderer(self._previews(), dpi=dpi)
+        self.renderer = TimelineRenderer(self._previews())
         self.result: Result | None = None
         summary = html.escape(((scenario.__doc__ or "").strip().splitlines() or [""])[0])
         self.title = widgets.HTML(f"<b>{html.escape(scenario.__name__)}</b> — {summary}")
@@ -200,36 +198,27 @@ class Explorer(widgets.VBox):
         return self.result
 
 
-def explore(
-    scenario, *, protected: bool = True, seed: int = 0, seeds: int = 20, dpi: int = 80, **sliders
-) -> Explorer:
+def explore(scenario, *, protected: bool = True, seed: int = 0, **sliders) -> Explorer:
     """An ipywidgets panel (an :class:`Explorer`) that reruns ``scenario`` on every change.
 
     ``sliders`` give per knob ``(low, high[, step])`` for a slider, a list for a dropdown or
     a plain value to hold it fixed, in the order shown; unnamed timings and counts get a
-    default slider. ``seeds`` is the seed slider's top, ``dpi`` the picture's (20 .. 300).
-    Raises BadArgument for a name that is not one of the scenario's knobs, or a bad spec.
+    default slider. Raises BadArgument for a name that is not one of the scenario's knobs.
 
-    Example:
-        >>> from labkit.scenarios import expired_but_alive
-        >>> panel = explore(expired_but_alive, pause=(0, 60, 1), ttl=(5, 30, 1))
-        >>> panel.controls["pause"].value = 5
-        >>> panel.result.violations
-        ()
+    >>> from labkit.scenarios import expired_but_alive
+    >>> panel = explore(expired_but_alive, pause=(0, 60, 1), ttl=(5, 30, 1))
+    >>> panel.controls["pause"].value = 5
+    >>> panel.result.violations
+    ()
     """
     knobs = getattr(scenario, "knobs", None)
     if knobs is None:
-        raise BadArgumentType(
-            "scenario", "must be a scenario function (made with labkit.sim.engine.scenario)"
-        )
+        raise BadArgumentType("scenario", "must be a scenario function, see labkit.scenarios")
     if not isinstance(protected, bool):
         raise BadArgumentType("protected", f"must be True or False, got {type(protected).__name__}")
-    check_number(dpi, "dpi", integer=True, low=20, high=300)
-    unknown = [name for name in sliders if name not in knobs]
-    if unknown:
-        raise BadArgument(
-            unknown[0], f"is not a knob of {scenario.__name__}; its knobs are {sorted(knobs)}"
-        )
+    for name in sliders:
+        if name not in knobs:
+            raise BadArgument(name, f"is not one of {scenario.__name__}'s knobs {sorted(knobs)}")
     controls, fixed = {}, {}
     for name in [*sliders, *(k for k in knobs if k not in sliders)]:  # the caller's order first
         default = knobs[name]
@@ -240,27 +229,13 @@ def explore(
             fixed[name] = default if spec is None and name not in sliders else spec
     seed_style = {"description_width": "4em"}
     controls["seed"] = widgets.IntSlider(
-        value=seed, min=0, max=max(seeds, seed), description="seed", style=seed_style
+        value=seed, min=0, max=max(20, seed), description="seed", style=seed_style
     )
+    tip = "use the mechanism the lesson teaches"
     controls["protected"] = widgets.ToggleButton(
-        value=protected,
-        description="protected",
-        icon="shield",
-        tooltip="use the mechanism the lesson teaches",
+        value=protected, description="protected", icon="shield", tooltip=tip
     )
-    return Explorer(scenario, controls, fixed, dpi)
-
-
-def _live_factor(virtual: float, speed: float) -> float:
-    """Wall seconds per virtual second: ``1/speed``, capped by ``LABKIT_LIVE_SECONDS`` if set."""
-    cap = os.environ.get("LABKIT_LIVE_SECONDS")
-    try:
-        seconds = float(cap or 0)
-    except ValueError:
-        raise BadArgument(
-            "LABKIT_LIVE_SECONDS", f"must be a number of seconds, got {cap!r}"
-        ) from None
-    return seconds / virtual if 0 < seconds < virtual / speed else 1.0 / speed
+    return Explorer(scenario, controls, fixed)
 
 
 def replay(
@@ -274,7 +249,8 @@ def replay(
     """
     speed = check_number(speed, "speed", positive=True)
     preview = scenario(protected=protected, seed=seed, **knobs)  # validates knobs; gives the length
-    factor = _live_factor(max(end_of(preview.history), 1.0), speed)
+    virtual, cap = max(end_of(preview.history), 1.0), float(os.environ.get(_LIVE) or 0)
+    factor = cap / virtual if 0 < cap < virtual / speed else 1.0 / speed  # wall s per virtual s
     renderer = TimelineRenderer([preview])
     clock, verdict = widgets.HTML(), widgets.HTML()
     image = widgets.Output(layout=widgets.Layout(min_height="320px"))
