@@ -15,8 +15,14 @@ from labkit.fence import Tx, unfenced
 
 __all__ = ["run_once", "canonical"]
 
-IN_PROGRESS = "it is in progress: run_once met it again inside its own effect; use another key"
-ENDED = "the effect ended run_once's transaction (COMMIT or ROLLBACK); check what it committed"
+IN_PROGRESS = (
+    "it has no result: run_once met it again in its own effect (use another key), or an earlier "
+    "effect committed on its own: outcome unknown, check it, then delete the key's row"
+)
+ENDED = (
+    "the effect ended run_once's transaction (COMMIT or ROLLBACK); a committed key stays, so no "
+    "retry repeats it: check the effect's writes, then delete its row in idempotency_keys"
+)
 UNDONE = "the effect rolled back run_once's savepoint (ROLLBACK TO run_once); raise to undo one"
 
 
@@ -95,9 +101,9 @@ def _broken(conn, key: str) -> KeyNotRecorded | None:
 
 
 def _abandon(conn, key: str) -> KeyNotRecorded:
-    """The effect ended run_once's transaction: end the one it may have begun, drop the key."""
+    """The effect ended run_once's transaction: roll back any it began. A key its COMMIT took along
+    stays, since the effect's writes may be durable and a retry must not repeat them."""
     with contextlib.suppress(LabkitError):
         if in_transaction(conn):
             execute(conn, "ROLLBACK")
-        execute(conn, "DELETE FROM idempotency_keys WHERE key = ? AND result IS NULL", (key,))
     return KeyNotRecorded(key, ENDED)

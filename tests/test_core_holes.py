@@ -177,30 +177,40 @@ def test_a_nested_run_once_with_its_own_key_is_a_named_error(holder, db, db_path
     with pytest.raises(LabkitError) as caught:
         holder("k", outer)
     not_recorded(caught)
-    assert "in progress" in str(caught.value)
+    assert "again in its own effect" in str(caught.value)
     assert keys(db_path) == [] and dump() == before
     assert holder("k", lambda tx: "ran") == "ran"
 
 
 @pytest.mark.parametrize("route", ["tx.conn", "tx.execute"])
-def test_an_effect_that_commits_and_raises_does_not_poison_its_key(holder, db, db_path, route):
-    """The effect's COMMIT took the key row along with NULL as its result: run_once removes it."""
+def test_an_effect_that_commits_and_raises_is_named_and_never_repeated(holder, db, db_path, route):
+    """Its COMMIT made its writes and the key durable: the key stays, and a retry is a named stop
+    saying the outcome is unknown (not a raw TypeError, and never a second run of the effect)."""
+    calls = []
+
     def effect(tx):
+        calls.append("effect")
+        sql_on(route, tx, "INSERT INTO invoices VALUES ('job', 'INV-1', 1, 8)")
         sql_on(route, tx, "COMMIT")
         raise ConnectionError("the provider hung up")
     with pytest.raises(LabkitError) as caught:
         holder("k", effect)
     not_recorded(caught)
     assert isinstance(caught.value.__cause__, ConnectionError)
-    assert keys(db_path) == []
-    assert not db.conn.in_transaction
+    assert "idempotency_keys" in str(caught.value)
+    assert keys(db_path) == [("k", "null", None)] and not db.conn.in_transaction
+    with pytest.raises(LabkitError) as retried:
+        holder("k", effect)
+    not_recorded(retried)
+    assert "outcome unknown" in str(retried.value)
+    assert calls == ["effect"] and len(execute(db, "SELECT * FROM invoices")) == 1
+    execute(db, "DELETE FROM idempotency_keys WHERE key = 'k'")  # what the message says to do
     assert holder("k", lambda tx: "retried") == "retried"
-    assert keys(db_path) == [("k", "null", '"retried"')]
 
 
 @pytest.mark.parametrize("route", ["tx.conn", "tx.execute"])
 def test_an_effect_that_commits_and_returns_is_a_named_error(holder, db, db_path, route):
-    """Not 'no such savepoint': KeyNotRecorded, saying the effect ended the transaction; no key row stays."""
+    """Not 'no such savepoint': KeyNotRecorded, saying the effect ended the transaction."""
     def effect(tx):
         sql_on(route, tx, "COMMIT")
         return "done"
@@ -208,20 +218,23 @@ def test_an_effect_that_commits_and_returns_is_a_named_error(holder, db, db_path
         holder("k", effect)
     not_recorded(caught)
     assert "COMMIT" in str(caught.value)
-    assert keys(db_path) == [] and not db.conn.in_transaction
+    assert keys(db_path) == [("k", "null", None)] and not db.conn.in_transaction
 
 
 @pytest.mark.parametrize("route", ["tx.conn", "tx.execute"])
 def test_an_effect_that_commits_and_begins_again_is_caught_too(holder, db, db_path, route):
-    """COMMIT; BEGIN leaves a transaction open but not run_once's savepoint: still KeyNotRecorded."""
+    """COMMIT; BEGIN leaves a transaction open but not run_once's savepoint: still KeyNotRecorded,
+    and the transaction the effect began is rolled back."""
     def effect(tx):
         sql_on(route, tx, "COMMIT")
         tx.conn.execute("BEGIN IMMEDIATE")
+        tx.conn.execute("INSERT INTO invoices VALUES ('job', 'INV-9', 1, 8)")
         return "done"
     with pytest.raises(LabkitError) as caught:
         holder("k", effect)
     not_recorded(caught)
-    assert keys(db_path) == [] and not db.conn.in_transaction
+    assert keys(db_path) == [("k", "null", None)] and not db.conn.in_transaction
+    assert execute(db, "SELECT * FROM invoices") == []
 
 
 @pytest.mark.parametrize("route", ["tx.conn", "tx.execute"])

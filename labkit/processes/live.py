@@ -64,9 +64,9 @@ def run_demo(seconds=None, *, protected=True, show=True, root=None):
     seconds = float(os.environ.get("LABKIT_LIVE_SECONDS", "20")) if seconds is None else seconds
     seconds = check_number(seconds, "seconds", positive=True, high=3600)
     demo = Demo(2, min(2.0, max(0.5, seconds / 10)), protected, root=root)
-    redraw, shown = _screen(demo, show), 0.0
     story, limit = _story(demo), seconds + 20 * demo.spec.ttl  # a story not done by then ends
     try:
+        redraw, shown = _screen(demo, show), 0.0
         while (next(story, False) or demo.now() < seconds) and demo.now() < limit:
             if demo.now() - shown >= 0.3:  # redraw about three times a second
                 redraw()

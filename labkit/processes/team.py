@@ -39,6 +39,7 @@ __all__ = ["STOP_TIMEOUT", "Team", "proc_state"]
 STOP_TIMEOUT = 2.0  # seconds for a SIGSTOPped process to show state T before it is SIGKILLed
 _CLOCK = RealClock()
 _TEAMS: weakref.WeakSet[Team] = weakref.WeakSet()
+KNOBS = ("ttl", "work", "hold", "rest", "redeliver", "busy_timeout_ms", "seconds")  # of WorkerSpec
 
 
 def proc_state(pid: int) -> str | None:
@@ -67,15 +68,17 @@ class Team:
 
     def __init__(self, workers=2, *, protected=True, seed=0, root=None, **knobs):
         n = check_number(workers, "workers", integer=True, low=1, high=26)
+        if unknown := sorted(set(knobs) - set(KNOBS)):
+            raise BadArgument(unknown[0], f"is not a knob of Team; its knobs are {list(KNOBS)}")
         knobs["ttl"] = check_number(knobs.get("ttl", 1.0), "ttl", positive=True)
+        spec = WorkerSpec("", "", 0.0, protected=bool(protected), parent=os.getpid(), **knobs)
         self.run_dir = tempfile.mkdtemp(prefix="labkit-run-", dir=root)
         for folder in ("journal", "logs"):
             os.makedirs(os.path.join(self.run_dir, folder))
         self.path = os.path.join(self.run_dir, "lab.db")
         self.names, self.seed = [chr(65 + i) for i in range(n)], seed
         self.run, self.t0 = uuid.uuid4().hex[:12], _CLOCK.now()
-        self.spec = WorkerSpec(self.run_dir, self.run, self.t0, **knobs)
-        self.spec = replace(self.spec, protected=bool(protected), parent=os.getpid())
+        self.spec = replace(spec, run_dir=self.run_dir, run=self.run, t0=self.t0)
         self.board = board(os.path.join(self.run_dir, "board"), n)
         self.db = connect(self.path, busy_timeout_ms=self.spec.busy_timeout_ms)
         with transaction(self.db):
