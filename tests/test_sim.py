@@ -217,24 +217,27 @@ def test_a_knob_too_large_for_a_float_is_a_named_error():
         expired_but_alive(pause=10 ** 400)
 
 
-def test_folders_of_a_killed_process_are_removed_by_the_next_one(tmp_path):
-    """A SIGKILLed process cannot clean up; the next process that makes templates removes its folders."""
+def test_folders_of_a_killed_process_are_removed_by_the_next_one():
+    """A finished run leaves no folder (templates live in memory); a SIGKILLed process cannot
+    clean up its unfinished run, so the next process that makes files removes its folder."""
     import signal
     import subprocess
     import sys
 
     from labkit.sim import files
 
-    code = "from labkit.scenarios import expired_but_alive; expired_but_alive(); print(flush=True); input()"
+    code = (
+        "from labkit.scenarios import expired_but_alive; from labkit.sim import files; "
+        "expired_but_alive(); print(files.new_folder(6), flush=True); input()"
+    )
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
-        child.stdout.readline()  # it has run a simulation, so it has made its templates
+        unfinished = pathlib.Path(child.stdout.readline().decode().strip())
         root = pathlib.Path(files._root() or tempfile.gettempdir())
-        left = list(root.glob(f"labkit-sim-*{child.pid}-*"))
-        assert left
+        assert list(root.glob(f"labkit-sim-{child.pid}-*")) == [unfinished]
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
-    assert all(folder.exists() for folder in left)  # SIGKILL ran no clean-up
+    assert unfinished.exists()  # SIGKILL ran no clean-up
     files._sweep()
-    assert not any(folder.exists() for folder in left)
+    assert not unfinished.exists()

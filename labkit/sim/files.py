@@ -1,15 +1,14 @@
-"""A simulation's SQLite files: a throwaway folder of real files, copied from templates.
+"""A simulation's SQLite files: a throwaway folder of real files, written from templates.
 
 The folder is in ``/dev/shm`` when there is one (memory-backed, still real files with real
-locks), else in the temporary folder. Its files are copies of templates made once per process:
-copying two closed files is much cheaper than building them for every run. Each folder's name
-carries the pid that made it; a killed process cannot remove its own, so the next process to
-make templates removes those of processes that no longer exist.
+locks), else in the temporary folder. A process builds each template once and keeps its bytes
+in memory: writing two small files is much cheaper than building them for every run, and no
+template folder can outlive the process. A folder's name carries the pid that made it; a killed
+process cannot remove its own, so the next process to make files removes those of dead ones.
 """
 
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
 import tempfile
@@ -23,7 +22,7 @@ from labkit.sim.worker import JOB, LEASE
 
 __all__ = ["new_folder", "connect_file"]
 
-_TEMPLATES: dict[int, Path] = {}
+_TEMPLATES: dict[int, dict[str, bytes]] = {}  # earlier holders -> file name -> its bytes
 
 
 def new_folder(earlier_holders: int) -> Path:
@@ -34,22 +33,25 @@ def new_folder(earlier_holders: int) -> Path:
     """
     if not _TEMPLATES:
         _sweep()
-    if earlier_holders not in _TEMPLATES:
-        template = Path(tempfile.mkdtemp(prefix=f"labkit-sim-template-{os.getpid()}-", dir=_root()))
-        atexit.register(shutil.rmtree, template, True)
-        authority_db = connect_file(str(template / "authority.db"))
-        resource_db = connect_file(str(template / "resource.db"))
-        authority = LeaseAuthority(authority_db, VirtualClock())
-        for n in range(earlier_holders):
-            authority.release(authority.acquire(LEASE, f"earlier-{n + 1}", 1.0))
-        Fence(resource_db, JOB)
-        authority_db.conn.close()  # the last connection to close checkpoints the WAL away
-        resource_db.conn.close()
-        _TEMPLATES[earlier_holders] = template
     folder = Path(tempfile.mkdtemp(prefix=f"labkit-sim-{os.getpid()}-", dir=_root()))
-    for name in ("authority", "resource"):
-        shutil.copyfile(_TEMPLATES[earlier_holders] / f"{name}.db", folder / f"{name}.db")
+    if earlier_holders not in _TEMPLATES:
+        _TEMPLATES[earlier_holders] = _build(folder, earlier_holders)
+    for name, data in _TEMPLATES[earlier_holders].items():
+        (folder / name).write_bytes(data)
     return folder
+
+
+def _build(folder: Path, earlier_holders: int) -> dict[str, bytes]:
+    """Build the two files in ``folder`` and return their bytes."""
+    authority_db = connect_file(str(folder / "authority.db"))
+    resource_db = connect_file(str(folder / "resource.db"))
+    authority = LeaseAuthority(authority_db, VirtualClock())
+    for n in range(earlier_holders):
+        authority.release(authority.acquire(LEASE, f"earlier-{n + 1}", 1.0))
+    Fence(resource_db, JOB)
+    authority_db.conn.close()  # the last connection to close checkpoints the WAL away
+    resource_db.conn.close()
+    return {name: (folder / name).read_bytes() for name in ("authority.db", "resource.db")}
 
 
 def connect_file(path: str):
@@ -70,6 +72,6 @@ def _root() -> str | None:
 def _sweep() -> None:
     """Remove the folders that killed processes left (their pid no longer exists)."""
     for folder in Path(_root() or tempfile.gettempdir()).glob("labkit-sim-*"):
-        pid = folder.name.removeprefix("labkit-sim-").removeprefix("template-").split("-")[0]
+        pid = folder.name.removeprefix("labkit-sim-").split("-")[0]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
             shutil.rmtree(folder, ignore_errors=True)
