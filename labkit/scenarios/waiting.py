@@ -73,10 +73,17 @@ def herd(
             execute(db, statement)
     sim.layout.update(dict.fromkeys(("herd_log", "herd", "herd_seconds"), "resource"))
 
+    turns = []  # one row a turn, written in one transaction once nothing else is left to happen
+
     def log(name, woke, attempted=False, granted=False):
+        turns.append((env.now, name, used, int(woke), int(attempted), int(granted)))
+
+    def write_log():
+        while env.peek() < float("inf"):
+            yield env.timeout(1.0)
         with transaction(db):
-            row = (env.now, name, used, int(woke), int(attempted), int(granted))
-            execute(db, "INSERT INTO herd_log VALUES (?, ?, ?, ?, ?, ?)", row)
+            for row in turns:
+                execute(db, "INSERT INTO herd_log VALUES (?, ?, ?, ?, ?, ?)", row)
 
     def wake_next():
         if used == "watch" and queue:  # a release wakes only the next in line
@@ -121,6 +128,7 @@ def herd(
     sim.start(sim.worker("H"), first_holder)
     for i in range(n):
         env.process(contender(f"c{i + 1}"))
+    env.process(write_log())
 
     return lambda history, violations, tables: _HERD_VERDICT.format(**tables["herd"][0])
 
