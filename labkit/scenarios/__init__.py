@@ -1,16 +1,12 @@
-"""The course's failures, one function each, replayed on the engine in :mod:`labkit.sim.engine`.
+"""The course's failures, one function each: ``f(*, protected=True, seed=0, **knobs) -> Result``.
 
-Every scenario is ``f(*, protected=True, seed=0, **knobs) -> Result``: ``protected=False``
-runs the naive variant, ``f.knobs`` holds the source's defaults (six earlier holders, so A
-holds generation 7 and B 8). Topics: ``fencing`` (01-03), ``issuers`` (04), ``delays``
-(05-06), ``waiting`` (06), ``recovery`` (07), ``effects`` (08). An event's ``key`` names
-the operation even where nothing enforced it, so the checker sees an unstopped repeat.
+``protected=False`` runs the naive variant; ``f.knobs`` holds the lesson's defaults (six earlier
+holders, so A holds generation 7 and B 8). An event's ``key`` names the operation even where
+nothing enforced it, so the checker sees an unstopped repeat.
 
 >>> expired_but_alive().verdict
 "A's stale write with 7 bounced off the fence at 8: nothing lost"
 """
-
-from __future__ import annotations
 
 # Each topic's __all__, re-exported as asyncio's __init__ does, in lesson order (SCENARIOS's).
 from labkit.scenarios.fencing import *  # noqa: F403

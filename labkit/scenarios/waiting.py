@@ -67,13 +67,8 @@ def herd(
     hold = check_number(hold, "hold", positive=True)
     used = strategy if protected else "none"
     authority, env, rng, db = sim.authority, sim.env, sim.rng, sim.database("resource")
-    released, queue = 1.0, []
-    with transaction(db):
-        for statement in _HERD_SQL:
-            execute(db, statement)
+    released, queue, turns = 1.0, [], []  # turns: a row each, written when all else is done
     sim.layout.update(dict.fromkeys(("herd_log", "herd", "herd_seconds"), "resource"))
-
-    turns = []  # one row a turn, written in one transaction once nothing else is left to happen
 
     def log(name, woke, attempted=False, granted=False):
         turns.append((env.now, name, used, int(woke), int(attempted), int(granted)))
@@ -82,6 +77,8 @@ def herd(
         while env.peek() < float("inf"):
             yield env.timeout(1.0)
         with transaction(db):
+            for statement in _HERD_SQL:
+                execute(db, statement)
             for row in turns:
                 execute(db, "INSERT INTO herd_log VALUES (?, ?, ?, ?, ?, ?)", row)
 

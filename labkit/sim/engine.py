@@ -222,8 +222,7 @@ POSITIVE_KNOBS = frozenset({"ttl", "duration", "heartbeat", "session", "poll", "
 
 
 def _knob(name: str, value, default):
-    """A knob whose default is a number must be one too: >= 0 (> 0 if in POSITIVE_KNOBS),
-    and an int if the default is. Scenarios check their own further limits."""
+    """A number knob is >= 0 (> 0 in POSITIVE_KNOBS), an int if its default is; no more."""
     if isinstance(default, bool) or not isinstance(default, (int, float)):
         return value
     return check_number(
