@@ -184,6 +184,7 @@ class Explorer(widgets.VBox):
     def update(self) -> Result | None:
         """Rerun the scenario with the controls' values and redraw everything in place."""
         seed, protected = self.controls["seed"].value, self.controls["protected"].value
+        self.controls["protected"].description = f"protection: {'ON' if protected else 'OFF'}"
         try:
             self.result = self.scenario(protected=protected, seed=seed, **self.knobs())
         except (BadArgument, BadArgumentType) as exc:
