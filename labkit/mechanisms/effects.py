@@ -5,8 +5,6 @@ nothing of generations; :class:`Outbox` records an intent inside the fenced tran
 and relays it later under its key. :class:`ETagStore` shows why a version check is no fence.
 """
 
-from __future__ import annotations
-
 import hashlib
 import json
 import os

@@ -5,8 +5,6 @@ A failover to a lagging replica (:class:`ReplicatedIssuer`), a :func:`restore` a
 from :class:`EpochIssuer`, each new epoch from a durable :class:`EpochAuthority`.
 """
 
-from __future__ import annotations
-
 import sqlite3
 
 from labkit.clock import Clock, check_clock, read_clock

@@ -5,8 +5,6 @@ a stale claim only if it is unchanged. :func:`produce` keys each unit by its
 :func:`operation_key`, so a retry never repeats one.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from typing import Any
 

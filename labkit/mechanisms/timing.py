@@ -5,8 +5,6 @@
 lease duration locally and claims only if the version did not move.
 """
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass, replace
 

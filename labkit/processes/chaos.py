@@ -8,8 +8,6 @@ run did not do its job (a worker crashed by itself, no holder was frozen past it
 no kill landed inside a transaction). Real time is read on purpose.
 """
 
-from __future__ import annotations
-
 import argparse
 import hashlib
 import math

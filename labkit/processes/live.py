@@ -5,8 +5,6 @@ over and commits, A is thawed and its stale write bounces off the fence or lands
 is a :class:`~labkit.processes.team.Team` paced for human eyes.
 """
 
-from __future__ import annotations
-
 import io
 import os
 import sys

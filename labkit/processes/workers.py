@@ -7,8 +7,6 @@ A write adds its charge to ``invoice_lines`` (the committed writes); other event
 per-process JSON-lines journal. Real time is read on purpose.
 """
 
-from __future__ import annotations
-
 import contextlib
 import ctypes
 import functools

@@ -4,8 +4,6 @@
 "A's release (generation 7) deleted B's lease (generation 8): foreign release"
 """
 
-from __future__ import annotations
-
 from labkit.db import execute, transaction
 from labkit.errors import check_number
 from labkit.lease import LeaseAuthority

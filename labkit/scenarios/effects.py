@@ -4,8 +4,6 @@
 (['acted_after_expiry', 'duplicate_effect'], ())
 """
 
-from __future__ import annotations
-
 import os
 
 from labkit.mechanisms.effects import EmailProvider, FencedFileStore, Outbox

@@ -4,8 +4,6 @@
 "B's repeat of 'bill/order-42' was recognised by its key: it took effect once"
 """
 
-from __future__ import annotations
-
 import contextlib
 
 from labkit.db import execute, transaction

@@ -4,8 +4,6 @@
 (['acted_after_expiry', 'lost_update'], ())
 """
 
-from __future__ import annotations
-
 from labkit.errors import check_number
 from labkit.mechanisms.issuers import EpochAuthority, EpochIssuer, ReplicatedIssuer, backup, restore
 from labkit.sim.engine import scenario

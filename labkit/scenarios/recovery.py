@@ -4,8 +4,6 @@
 (['duplicate_effect'], ())
 """
 
-from __future__ import annotations
-
 from labkit.db import execute, transaction
 from labkit.errors import LeaseLost, StaleGeneration, check_number
 from labkit.mechanisms.recovery import Claims, operation_key, produce

@@ -6,8 +6,6 @@
 'watch: 20 contenders made 9 attempts and 10 wake-ups for 9 grants'
 """
 
-from __future__ import annotations
-
 import itertools
 
 from labkit.db import execute, transaction

@@ -27,8 +27,6 @@ A scenario has this shape (every scenario in :mod:`labkit.scenarios` has)::
 :func:`play` runs a scenario, optionally paced in wall-clock time for the live replay.
 """
 
-from __future__ import annotations
-
 import functools
 import inspect
 import shutil

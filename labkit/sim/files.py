@@ -7,8 +7,6 @@ template folder can outlive the process. A folder's name carries the pid that ma
 process cannot remove its own, so the next process to make files removes those of dead ones.
 """
 
-from __future__ import annotations
-
 import os
 import shutil
 import tempfile

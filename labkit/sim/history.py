@@ -13,8 +13,6 @@ Vocabulary (``action``: ``outcome``):
   ``resume`` and ``crash`` are informational.
 """
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping

@@ -4,8 +4,6 @@ From lesson 04 on, a token may be an ``(epoch, n)`` pair: :func:`with_tokens` le
 carry one, and :func:`acquire_token` and :func:`release_with_token` record the token acted with.
 """
 
-from __future__ import annotations
-
 from labkit.db import execute
 from labkit.errors import LeaseLost
 from labkit.sim.worker import LEASE

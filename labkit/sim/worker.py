@@ -5,8 +5,6 @@ A locked database answers at once (``busy_timeout_ms=0``): the worker records a
 the waiting SQLite imposed. Methods that take virtual time are generators.
 """
 
-from __future__ import annotations
-
 import contextlib
 from typing import Any, Callable, Iterable
 

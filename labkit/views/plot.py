@@ -4,8 +4,6 @@ The timeline's artists are shared with the panel's renderer (:mod:`labkit.views.
 Helpers take ``ax=None`` and return the axes; only :class:`present` changes settings.
 """
 
-from __future__ import annotations
-
 import functools
 import textwrap
 
@@ -213,7 +211,7 @@ def outcome_map(scenario, x, y, *, protected: bool = False, seed: int = 0, ax=No
     if defaults.get(xname) in xs and defaults.get(yname) in ys:
         where = (xs.index(defaults[xname]), ys.index(defaults[yname]))
         style = dict(ha="center", va="center", fontsize="small", color="white", fontweight="bold")
-        ax.text(*where, "source's numbers", **style)
+        ax.text(*where, "the lesson's numbers", **style)
     mode = "protected" if protected else "unprotected"
     ax.set_title(f"{scenario.__name__}, {mode}: worst outcome per run", loc="left")
     return ax

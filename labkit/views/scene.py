@@ -5,8 +5,6 @@
 Okabe-Ito (distinct for the common colour blindnesses); each kind of write has its own marker.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import matplotlib as mpl

@@ -5,12 +5,11 @@ in one update, so nothing flickers, stacks or moves. :func:`replay` plays a run 
 wall-clock time (``simpy.rt``), the timeline growing as it runs.
 """
 
-from __future__ import annotations
-
 import base64
 import html
 import io
 import os
+import re
 
 import ipywidgets as widgets
 import matplotlib as mpl
@@ -151,6 +150,7 @@ class Explorer(widgets.VBox):
         self.renderer = TimelineRenderer(self._previews())
         self.result: Result | None = None
         summary = html.escape(((scenario.__doc__ or "").strip().splitlines() or [""])[0])
+        summary = re.sub(r"``(.+?)``", r"<code>\1</code>", summary)  # the docstring's literals
         self.title = widgets.HTML(f"<b>{html.escape(scenario.__name__)}</b> — {summary}")
         self.verdict, self.tables = widgets.HTML(), widgets.HTML()
         self.image = widgets.Output(layout=widgets.Layout(min_height="320px"))
