@@ -59,3 +59,16 @@ def test_the_toggle_follows_a_click():
     panel.controls["protected"].value = True
     assert panel.controls["protected"].description == "protection: ON"
     assert panel.result.params["protected"] is True and not panel.result.kinds
+
+
+def test_panel_tables_are_spaced():
+    """Each table's name stands on its own line and every cell has padding ('invoice_idamount' no more)."""
+    import re
+
+    from labkit.views.widgets import tables_html
+
+    page = tables_html(labkit.scenarios.expired_but_alive().tables)
+    cells = re.findall(r"<t[dh][ >]", page)
+    assert cells and all("style='padding" in c or c.endswith(" ") for c in cells)
+    assert "<t" + "d>" not in page and "<th>" not in page
+    assert "<div><b>leases</b></div><i>empty</i>" in page

@@ -93,9 +93,10 @@ def tables_html(tables: dict, only=("invoices", "job_fence", "leases", "idempote
         shown = tabulate(
             rows[:12], "keys", "html", disable_numparse=True, stralign=None, numalign=None
         ).replace("<table>", "<table style='border-collapse:collapse'>")
+        shown = re.sub(r"<(t[dh])>", r"<\1 style='padding:0.1em 0.6em'>", shown)
         more = f"<div>… {len(rows) - 12} more rows</div>" if len(rows) > 12 else ""
         parts.append(
-            f"<div style='margin-right:1.5em;font-size:85%'><b>{html.escape(name)}</b>"
+            f"<div style='margin-right:1.5em;font-size:85%'><div><b>{html.escape(name)}</b></div>"
             f"{shown if rows else '<i>empty</i>'}{more}</div>"
         )
     return f"<div style='display:flex;flex-wrap:wrap;align-items:flex-start'>{''.join(parts)}</div>"
