@@ -65,20 +65,16 @@ def herd(
     hold = check_number(hold, "hold", positive=True)
     used = strategy if protected else "none"
     authority, env, rng, db = sim.authority, sim.env, sim.rng, sim.database("resource")
-    released, queue, turns = 1.0, [], []  # turns: a row each, written when all else is done
+    released, queue = 1.0, []
+    with transaction(db):
+        for statement in _HERD_SQL:
+            execute(db, statement)
     sim.layout.update(dict.fromkeys(("herd_log", "herd", "herd_seconds"), "resource"))
 
-    def log(name, woke, attempted=False, granted=False):
-        turns.append((env.now, name, used, int(woke), int(attempted), int(granted)))
-
-    def write_log():
-        while env.peek() < float("inf"):
-            yield env.timeout(1.0)
+    def log(name, woke, attempted=False, granted=False):  # a turn is a row, as it happens
         with transaction(db):
-            for statement in _HERD_SQL:
-                execute(db, statement)
-            for row in turns:
-                execute(db, "INSERT INTO herd_log VALUES (?, ?, ?, ?, ?, ?)", row)
+            row = (env.now, name, used, int(woke), int(attempted), int(granted))
+            execute(db, "INSERT INTO herd_log VALUES (?, ?, ?, ?, ?, ?)", row)
 
     def wake_next():
         if used == "watch" and queue:  # a release wakes only the next in line
@@ -123,7 +119,6 @@ def herd(
     sim.start(sim.worker("H"), first_holder)
     for i in range(n):
         env.process(contender(f"c{i + 1}"))
-    env.process(write_log())
 
     return lambda history, violations, tables: _HERD_VERDICT.format(**tables["herd"][0])
 

@@ -34,6 +34,7 @@ def new_folder(earlier_holders: int) -> Path:
     folder = Path(tempfile.mkdtemp(prefix=f"labkit-sim-{os.getpid()}-", dir=_root()))
     if earlier_holders not in _TEMPLATES:
         _TEMPLATES[earlier_holders] = _build(folder, earlier_holders)
+        return folder
     for name, data in _TEMPLATES[earlier_holders].items():
         (folder / name).write_bytes(data)
     return folder
