@@ -26,7 +26,7 @@ from labkit.sim.history import check
 from labkit.views.plot import add_artists, fill, fit_figure, frame, label_patches
 from labkit.views.scene import _MAX_LANES, COLOURS, end_of, lanes_of, scene
 
-__all__ = ["explore", "replay", "Explorer", "TimelineRenderer", "tables_html"]
+__all__ = ["explore", "replay", "button", "Explorer", "TimelineRenderer", "tables_html"]
 
 #: knobs that get a slider by default, when the scenario has them
 SLIDER_KNOBS = frozenset(
@@ -238,6 +238,31 @@ def explore(scenario, *, protected: bool = True, seed: int = 0, **sliders) -> Ex
         value=protected, description="protected", icon="shield", tooltip=tip
     )
     return Explorer(scenario, controls, fixed)
+
+
+def button(label: str, action) -> widgets.VBox:
+    """A button that runs ``action()`` when clicked and shows its output and value under it.
+
+    For instructor cells (live demos, replays): a student's Run All only draws the button.
+    """
+    if not callable(action):
+        raise BadArgumentType("action", f"must be a function to call, got {type(action).__name__}")
+    press = widgets.Button(description=label, button_style="info", layout={"width": "auto"})
+    shown = widgets.Output()
+
+    def run(_press) -> None:
+        press.disabled = True
+        try:
+            with shown:
+                shown.clear_output()
+                value = action()
+                if value is not None:
+                    display(value)
+        finally:
+            press.disabled = False
+
+    press.on_click(run)
+    return widgets.VBox([press, shown])
 
 
 def replay(
