@@ -276,6 +276,34 @@ def wait_for_new_plot(page, cell, before: str, timeout_ms: float) -> None:
     _wait_until(page, _PLOT_CHANGED_JS, arg, timeout_ms, "the plot did not change")
 
 
+def play_buttons(page):
+    """The ▶ buttons of the instructor cells, in notebook order."""
+    return page.locator(".jp-CodeCell button.jupyter-button", has_text="▶").all()
+
+
+# True once the output under the clicked ▶ button shows the end of its story: a replay's
+# verdict (✓ or ✗) or a live demo's story dict with its outcome, and the button is enabled.
+_STORY_SHOWN_JS = r"""(button) => {
+    const box = button.closest('.widget-vbox');
+    const text = box?.querySelector('.widget-output')?.innerText ?? '';
+    return !button.disabled && /[✓✗]|'outcome'/.test(text);
+}"""
+
+
+def click_and_wait_for_story(page, button, timeout_ms: float) -> str:
+    """Click an instructor cell's ▶ button; wait until its story is shown and return its text."""
+    button.scroll_into_view_if_needed()
+    button.click()
+    handle = button.element_handle()
+    _wait_until(page, _STORY_SHOWN_JS, handle, timeout_ms, f"{button.inner_text()!r} showed no story")
+    return handle.evaluate("(b) => b.closest('.widget-vbox').querySelector('.widget-output').innerText")
+
+
+def panel_cells(page) -> list:
+    """The code cells whose output holds a slider panel, in notebook order."""
+    return page.locator(".jp-CodeCell").filter(has=page.locator(".widget-slider")).all()
+
+
 def _wait_until(page, js: str, arg, timeout_ms: float, failure: str) -> None:
     """``page.wait_for_function`` that fails with a readable AssertionError."""
     try:

@@ -1,9 +1,12 @@
 """Real-browser test of the course notebooks: JupyterLab + headless Chromium.
 
 For every ``notebooks/*.ipynb`` it opens the notebook in JupyterLab, runs all
-cells, checks that no output shows an error, moves the first slider with the
-keyboard and checks that the plot under it changes, and saves a screenshot to
-``build/screenshots/<notebook-stem>.png``.
+cells (recording the Run All time in ``build/run_all_seconds.json``), checks that
+no output shows an error, saves each slider panel in its initial state to
+``build/screenshots/<stem>-panel-<k>.png``, moves the first slider with the
+keyboard and checks that the plot under it changes, clicks every instructor ▶
+button and waits for its story (a replay's verdict, a live demo's outcome), and
+saves a full-page screenshot to ``build/screenshots/<notebook-stem>.png``.
 
 Environment:
 
@@ -19,6 +22,7 @@ never run ``playwright install``.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import tempfile
 import time
@@ -31,8 +35,11 @@ from browser_support import (
     LabServer,
     error_outputs,
     first_slider_cell,
+    click_and_wait_for_story,
     nudge_slider,
     open_notebook,
+    panel_cells,
+    play_buttons,
     plot_src,
     run_all_cells,
     unexecuted_cells,
@@ -43,6 +50,7 @@ from browser_support import (
 PROJECT = Path(__file__).resolve().parent.parent
 NOTEBOOK_ROOT = Path(os.environ.get("LABKIT_NOTEBOOK_ROOT", PROJECT)).resolve()
 SCREENSHOTS = PROJECT / "build" / "screenshots"
+RUN_ALL_TIMES = PROJECT / "build" / "run_all_seconds.json"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
@@ -58,6 +66,7 @@ VIEWPORT = {"width": 1400, "height": 1000}
 
 KERNEL_TIMEOUT_MS = 30_000
 RUN_TIMEOUT_MS = 45_000
+STORY_TIMEOUT_MS = 60_000
 PLOT_TIMEOUT_MS = 15_000
 SLIDER_PRESSES = 3
 
@@ -130,10 +139,15 @@ def test_notebook_in_browser(notebook: Path, lab_server, page):
     url = lab_server.notebook_url(notebook.relative_to(NOTEBOOK_ROOT).as_posix())
     try:
         open_notebook(page, url, KERNEL_TIMEOUT_MS)
+        ran = time.monotonic()
         run_all_cells(page, RUN_TIMEOUT_MS)
+        record_run_all_time(notebook.stem, time.monotonic() - ran)
         check_outputs(page)
+        save_panel_screenshots(page, notebook.stem)
         check_slider_redraws_plot(page)
         check_outputs(page)  # the slider's callbacks must not fail either
+        check_play_buttons_tell_their_story(page)
+        check_outputs(page)
     finally:
         save_screenshot(page, notebook.stem)
         print(f"{notebook.name}: {time.monotonic() - started:.1f} s in the browser")
@@ -156,6 +170,32 @@ def check_slider_redraws_plot(page) -> None:
     nudge_slider(cell, SLIDER_PRESSES)
     wait_for_new_plot(page, cell, before, PLOT_TIMEOUT_MS)
     wait_for_kernel_idle(page, KERNEL_TIMEOUT_MS)
+
+
+def record_run_all_time(stem: str, seconds: float) -> None:
+    """Print a lesson's Run All time and keep it in build/run_all_seconds.json."""
+    print(f"{stem}: Run All took {seconds:.1f} s")
+    RUN_ALL_TIMES.parent.mkdir(parents=True, exist_ok=True)
+    times = json.loads(RUN_ALL_TIMES.read_text()) if RUN_ALL_TIMES.exists() else {}
+    RUN_ALL_TIMES.write_text(json.dumps({**times, stem: round(seconds, 1)}, indent=1, sort_keys=True))
+
+
+def save_panel_screenshots(page, stem: str) -> None:
+    """Save each slider panel, in its initial state, to build/screenshots/<stem>-panel-<k>.png."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    for k, cell in enumerate(panel_cells(page), start=1):
+        cell.scroll_into_view_if_needed()
+        cell.screenshot(path=str(SCREENSHOTS / f"{stem}-panel-{k}.png"))
+
+
+def check_play_buttons_tell_their_story(page) -> None:
+    """Each instructor ▶ button, clicked, shows its replay's verdict or its live demo's story."""
+    buttons = play_buttons(page)
+    assert buttons, "no ▶ button for the instructor cells"
+    for button in buttons:
+        story = click_and_wait_for_story(page, button, STORY_TIMEOUT_MS)
+        assert story.strip(), f"{button.inner_text()!r} showed nothing"
+        wait_for_kernel_idle(page, KERNEL_TIMEOUT_MS)
 
 
 def save_screenshot(page, stem: str) -> None:
