@@ -295,8 +295,12 @@ def click_and_wait_for_story(page, button, timeout_ms: float) -> str:
     button.scroll_into_view_if_needed()
     button.click()
     handle = button.element_handle()
-    _wait_until(page, _STORY_SHOWN_JS, handle, timeout_ms, f"{button.inner_text()!r} showed no story")
-    return handle.evaluate("(b) => b.closest('.widget-vbox').querySelector('.widget-output').innerText")
+    _wait_until(
+        page, _STORY_SHOWN_JS, handle, timeout_ms, f"{button.inner_text()!r} showed no story"
+    )
+    return handle.evaluate(
+        "(b) => b.closest('.widget-vbox').querySelector('.widget-output').innerText"
+    )
 
 
 def panel_cells(page) -> list:

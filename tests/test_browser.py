@@ -177,7 +177,9 @@ def record_run_all_time(stem: str, seconds: float) -> None:
     print(f"{stem}: Run All took {seconds:.1f} s")
     RUN_ALL_TIMES.parent.mkdir(parents=True, exist_ok=True)
     times = json.loads(RUN_ALL_TIMES.read_text()) if RUN_ALL_TIMES.exists() else {}
-    RUN_ALL_TIMES.write_text(json.dumps({**times, stem: round(seconds, 1)}, indent=1, sort_keys=True))
+    RUN_ALL_TIMES.write_text(
+        json.dumps({**times, stem: round(seconds, 1)}, indent=1, sort_keys=True)
+    )
 
 
 def save_panel_screenshots(page, stem: str) -> None:
