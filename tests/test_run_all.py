@@ -1,5 +1,7 @@
 """A student's Run All of a lesson starts no process and no paced replay; the ▶ buttons do.
 
+It also shows no stray output: no cell ends by printing an object's repr such as ``<Axes: ...>``.
+
 Each lesson runs top to bottom in a fresh kernel (nbclient), as JupyterLab's Run All runs it.
 An IPython startup file in the kernel, installed before any lesson code, records every
 process start (Python's audit events) and every paced run (``simpy.rt.RealtimeEnvironment``).
@@ -10,6 +12,7 @@ record must show what the button promises: a paced replay, or real worker proces
 import json
 import os
 import pathlib
+import re
 import sys
 
 import nbformat
@@ -20,28 +23,33 @@ PROJECT = pathlib.Path(__file__).resolve().parents[1]
 LESSONS = sorted((PROJECT / "notebooks").glob("*.ipynb"))
 
 STARTUP = """
-import sys, types
-import matplotlib.font_manager  # builds the font cache (fc-list) before recording starts
-import simpy.rt
+def _install():  # a closure, so the lesson's own names cannot touch the recorder
+    import sys, types
+    import matplotlib.font_manager  # builds the font cache (fc-list) before recording
+    import simpy.rt
 
-record = types.ModuleType("labkit_run_all_record")
-record.starts = []
-sys.modules[record.__name__] = record
-STARTS = {"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn",
-          "os.system", "os.exec", "pty.spawn"}
+    record = types.ModuleType("labkit_run_all_record")
+    record.starts = []
+    sys.modules[record.__name__] = record
+    starts = {"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn",
+              "os.system", "os.exec", "pty.spawn"}
 
-def _audit(event, args):
-    if event in STARTS:
-        record.starts.append(event)
+    def audit(event, args):
+        if event in starts:
+            record.starts.append(event)
 
-sys.addaudithook(_audit)
-_init = simpy.rt.RealtimeEnvironment.__init__
+    sys.addaudithook(audit)
+    init = simpy.rt.RealtimeEnvironment.__init__
 
-def _paced(self, *args, **kwargs):
-    record.starts.append("paced replay")
-    _init(self, *args, **kwargs)
+    def paced(self, *args, **kwargs):
+        record.starts.append("paced replay")
+        init(self, *args, **kwargs)
 
-simpy.rt.RealtimeEnvironment.__init__ = _paced
+    simpy.rt.RealtimeEnvironment.__init__ = paced
+
+
+_install()
+del _install
 """
 
 READ = """
@@ -68,8 +76,22 @@ def last_line(cell) -> list:
     return json.loads(text.strip().splitlines()[-1])
 
 
-def run_all(lesson: pathlib.Path, ipython_dir: pathlib.Path) -> tuple[list, list]:
-    """Run ``lesson`` with the recorder, then click its ▶ buttons: (starts, clicks)."""
+STRAY = re.compile(r"^\(?<[\w.]+[ >:]|^\(.*, None\)$|^None$")  # an object's repr, a tuple of them
+
+
+def stray_outputs(cells) -> list[str]:
+    """Outputs that are only an object's repr, like ``<Axes: ...>`` or ``(<Axes: ...>, None)``."""
+    found = []
+    for cell in cells:
+        for out in cell.get("outputs", []):
+            text = out.get("data", {}).get("text/plain", "")
+            if set(out.get("data", {})) == {"text/plain"} and STRAY.search(text.strip()):
+                found.append(f"{cell.source.splitlines()[-1]!r} showed {text[:80]!r}")
+    return found
+
+
+def run_all(lesson: pathlib.Path, ipython_dir: pathlib.Path) -> tuple[list, list, list]:
+    """Run ``lesson`` with the recorder, then click its ▶ buttons: (starts, clicks, strays)."""
     nb = nbformat.read(lesson, as_version=4)
     nb.cells += [nbformat.v4.new_code_cell(READ), nbformat.v4.new_code_cell(CLICK)]
     env = {**os.environ, "IPYTHONDIR": str(ipython_dir), "LABKIT_LIVE_SECONDS": "1"}
@@ -77,7 +99,7 @@ def run_all(lesson: pathlib.Path, ipython_dir: pathlib.Path) -> tuple[list, list
         nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(lesson.parent)}}
     )
     client.execute(env=env)
-    return last_line(nb.cells[-2]), last_line(nb.cells[-1])
+    return last_line(nb.cells[-2]), last_line(nb.cells[-1]), stray_outputs(nb.cells[:-2])
 
 
 @pytest.fixture(scope="module")
@@ -92,8 +114,9 @@ def ipython_dir(tmp_path_factory):
 @pytest.mark.skipif(sys.platform != "linux", reason="the course's processes are Linux processes")
 @pytest.mark.parametrize("lesson", LESSONS, ids=[p.stem for p in LESSONS])
 def test_run_all_starts_nothing_and_each_play_button_starts_its_demo(lesson, ipython_dir):
-    starts, clicks = run_all(lesson, ipython_dir)
+    starts, clicks, strays = run_all(lesson, ipython_dir)
     assert starts == [], f"Run All of {lesson.name} started {starts}"
+    assert strays == [], "stray outputs:\n" + "\n".join(strays)
     assert clicks, f"{lesson.name} has no ▶ button for its instructor cells"
     for label, started in clicks:
         expected = "subprocess.Popen" if "live demo" in label else "paced replay"
