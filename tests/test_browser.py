@@ -153,6 +153,54 @@ def test_notebook_in_browser(notebook: Path, lab_server, page):
         print(f"{notebook.name}: {time.monotonic() - started:.1f} s in the browser")
 
 
+PRESENTER_CELLS = [
+    "from labkit.scenarios import expired_but_alive\n"
+    "from labkit.views.plot import present\n"
+    "from labkit.views.widgets import explore",
+    "normal = explore(expired_but_alive, protected=False)\nnormal",
+    "with present():\n    big = explore(expired_but_alive, protected=False)\nbig",
+    "print('legend px', normal.renderer.legend_text_px, big.renderer.legend_text_px)",
+]
+
+# Each panel image's displayed (CSS) width over its own pixel width, in notebook order.
+_IMAGE_SCALES_JS = r"""() => [...document.querySelectorAll('.widget-output img')]
+    .map((img) => img.getBoundingClientRect().width / img.naturalWidth)"""
+
+
+def test_presenter_mode_legend_is_half_again_as_tall_on_screen(lab_server, page):
+    """In a 1400 px window, presenter mode's legend text is >= 1.5x its normal height in CSS px.
+
+    The renderer reports the legend's font size in image pixels; the browser reports how
+    much it scaled each image to fit the notebook's width.
+    """
+    import nbformat
+
+    folder = NOTEBOOK_ROOT / "build"
+    folder.mkdir(exist_ok=True)
+    notebook = folder / "presenter-check.ipynb"
+    cells = [nbformat.v4.new_code_cell(source) for source in PRESENTER_CELLS]
+    kernel = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    nbformat.write(nbformat.v4.new_notebook(cells=cells, metadata=kernel), notebook)
+    open_notebook(
+        page,
+        lab_server.notebook_url(notebook.relative_to(NOTEBOOK_ROOT).as_posix()),
+        KERNEL_TIMEOUT_MS,
+    )
+    run_all_cells(page, RUN_TIMEOUT_MS)
+    check_outputs(page)
+    printed = page.locator(".jp-OutputArea-output", has_text="legend px").inner_text()
+    normal_px, big_px = map(float, printed.split()[-2:])
+    scales = page.evaluate(_IMAGE_SCALES_JS)
+    assert len(scales) == 2, f"expected two panel images, found {len(scales)}"
+    normal_css, big_css = normal_px * scales[0], big_px * scales[1]
+    print(
+        f"legend text: normal {normal_css:.1f} CSS px, presenter {big_css:.1f} CSS px "
+        f"({big_css / normal_css:.2f}x; images shown at {scales[0]:.2f} and {scales[1]:.2f})"
+    )
+    save_screenshot(page, "presenter-check")
+    assert big_css >= 1.5 * normal_css
+
+
 def check_outputs(page) -> None:
     """No output shows an error, and every code cell ran."""
     errors = error_outputs(page)

@@ -1,5 +1,7 @@
 """labkit.check: violations come only from answers and attempts, each with the right kind."""
 
+import dataclasses
+
 import pytest
 
 from labkit import BadArgument, BadArgumentType, LeaseAuthority
@@ -115,20 +117,41 @@ def test_clean_histories_come_back_empty(history):
 
 
 def test_a_commit_the_successor_waited_for_is_not_acted_after_expiry():
-    """A's transaction commits after its expiry while B only waited on the lock: the fence serialises it."""
+    """A's transaction began at 2, in its lease, and commits at 30 while B waited on the lock: the
+    fence serialises it. The same commit from a transaction begun after t=10 is flagged."""
     history = [
         E(0, "A", "acquire", "ok", 7, target=LEASE, until=10),
         E(2, "A", "read", "ok", target="INV-1"),
-        E(10, "B", "acquire", "ok", 8, target=LEASE, until=20),
+        E(10, "B", "acquire", "ok", 8, target=LEASE, until=40),
         *[E(10 + 0.5 * i, "B", "wait", "busy", target="INV-1") for i in range(40)],
         E(30, "A", "raise", "ok", 7, target="invoice-run"),
-        E(30, "A", "write", "ok", 7, target="INV-1"),
+        E(30, "A", "write", "ok", 7, target="INV-1", began=2),
         E(30, "B", "read", "ok", 7, target="INV-1"),
         E(30, "B", "raise", "ok", 8, target="invoice-run"),
         E(30, "B", "write", "ok", 8, target="INV-1"),
         E(31, "A", "write", "rejected", 7, target="INV-2"),
     ]
     assert check(history) == []
+    late = [dataclasses.replace(e, began=None) for e in history]
+    assert [(v.kind, v.event.time, v.event.worker) for v in check(late)] == [
+        ("acted_after_expiry", 30, "A")]
+
+
+def test_acting_after_ones_own_lease_ended_is_flagged_even_with_no_successor():
+    """B's lease ends at 20 while it waits; its writes at 32 are flagged though nobody took over.
+    A renewal in time, a re-acquire, or acting at the very instant of expiry is not flagged."""
+    history = [E(10, "B", "acquire", "ok", 8, target=LEASE, until=20),
+               E(32, "B", "write", "ok", 8, target="INV-1"),
+               E(33, "B", "write", "ok", 8, target="INV-2")]
+    assert [(v.kind, v.event.time) for v in check(history)] == [
+        ("acted_after_expiry", 32), ("acted_after_expiry", 33)]
+    renewed = history[:1] + [E(19, "B", "renew", "ok", 8, target=LEASE, until=40)] + history[1:]
+    again = history[:1] + [E(31, "B", "acquire", "ok", 9, target=LEASE, until=41)] + history[1:]
+    at_expiry = history[:1] + [E(20, "B", "write", "ok", 8, target="INV-1")]
+    assert check(renewed) == check(again) == check(at_expiry) == []
+    released = history[:1] + [E(15, "B", "release", "ok", 8, target=LEASE), history[1]]
+    assert [v.message for v in check(released)] == [
+        "B committed a write at t=32, after its lease was released at t=15"]
 
 
 def test_naive_release_by_name_is_flagged():

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from labkit import BadArgument  # noqa: E402
 from labkit.views.plot import outcome_map, present, timeline  # noqa: E402
-from labkit.scenarios import SCENARIOS, expired_but_alive, lock_wait  # noqa: E402
+from labkit.scenarios import SCENARIOS, bypass_writer, expired_but_alive, lock_wait  # noqa: E402
 from labkit.sim import Result  # noqa: E402
 from labkit.views.widgets import TimelineRenderer, explore, replay  # noqa: E402
 
@@ -41,13 +41,13 @@ def test_timeline_saves_a_png_with_a_lane_per_worker_and_the_full_legend(tmp_pat
 
 def test_timeline_marks_each_write_by_its_fate():
     """Accepted, replaced and rejected writes are drawn with their own colours at their times."""
-    ax = timeline(lock_wait(protected=True))
+    ax = timeline(bypass_writer(protected=False))
     by_colour = {}
     for line in ax.get_lines():
         by_colour.setdefault(line.get_color(), []).extend(line.get_xdata())
-    assert by_colour["#D55E00"] == [33.0]                # A's INV-2 with 7: rejected
-    assert by_colour["#CC79A7"] == [32.0]                # A's INV-1: replaced by B, who read it
-    assert sorted(by_colour["#009E73"]) == [32.0, 33.0]  # B's two writes
+    assert by_colour["#D55E00"] == [30.0]                # A's fenced INV-1 with 7: rejected
+    assert by_colour["#CC79A7"] == [12.5]                # B's INV-2: replaced by A's export
+    assert sorted(by_colour["#009E73"]) == [11.5, 31.0]  # B's INV-1, A's unfenced INV-2
 
 
 def test_timeline_draws_into_given_axes():

@@ -49,7 +49,7 @@ def test_pause_inside_transaction_makes_the_other_wait_exactly_until_commit(sim)
         *waits,
         Event(30.0, "A", "resume", "ok", target="inside-write"),
         Event(30.0, "A", "raise", "ok", generation=7, target=JOB),
-        Event(30.0, "A", "write", "ok", generation=7, target="INV-1"),
+        Event(30.0, "A", "write", "ok", generation=7, target="INV-1", began=0.0),
         Event(30.0, "B", "raise", "ok", generation=8, target=JOB),
         Event(30.0, "B", "write", "ok", generation=8, target="INV-2"),
     ]

@@ -43,7 +43,7 @@ def late_renewal(
             state["naive"] = -1.0
         else:
             keeper.confirm(lease, sent)
-            state["naive"] = w.clock.now() + ttl  # a full lease from the answer's arrival
+            state["naive"] = w.clock.now() + ttl - margin  # from the answer's arrival
 
     def renewer(w):
         yield w.env.timeout(0.3 * ttl)

@@ -19,13 +19,16 @@ __all__ += ["bypass_writer", "lock_wait", "same_generation_duplicate"]
 
 
 def _successor(w, ttl, *, raise_first, fenced, invoices=("INV-1", "INV-2"), gap=None):
-    """B: wait for the lease, raise the fence if ``raise_first``, read, then write each invoice."""
+    """B: wait for the lease; if ``raise_first`` raise the fence (and keep the lease before each
+    write); read, then write each invoice."""
     lease = yield from w.acquire_when_free(ttl)
     if raise_first:
         yield from w.raise_fence(lease.generation)
     w.read(invoices)
     for invoice in invoices:
         yield w.env.timeout(work(w) if gap is None else gap)
+        if raise_first and (lease := (yield from w.keep(lease, invoice))) is None:
+            return
         yield from w.write(invoice, amount(w, 200), lease.generation, fenced=fenced)
     yield from w.release(lease)
 
@@ -101,21 +104,17 @@ def split_databases(sim, *, protected, pause=30.0, ttl=10.0):
         yield from w.point("between")
         return (yield from w.write(invoice, amount, generation, fenced=False, read=True))
 
-    def run_a(w):
-        lease = yield from w.acquire(ttl)
-        yield w.env.timeout(1.0)
-        yield from fenced_write(w, "INV-1", amount(w, 100), lease.generation)
+    def run(w, invoices, base, first=False):
+        lease = yield from (w.acquire(ttl) if first else w.acquire_when_free(ttl))
+        for invoice in invoices:
+            yield w.env.timeout(1.0 if first else work(w))
+            if protected and (lease := (yield from w.keep(lease, invoice))) is None:
+                return  # its lease ended while it waited: no more work, nothing to release
+            yield from fenced_write(w, invoice, amount(w, base), lease.generation)
         yield from w.release(lease)
 
-    def run_b(w):
-        lease = yield from w.acquire_when_free(ttl)
-        for invoice in ("INV-1", "INV-2"):
-            yield w.env.timeout(work(w))
-            yield from fenced_write(w, invoice, amount(w, 200), lease.generation)
-        yield from w.release(lease)
-
-    sim.start(sim.worker("A", pauses={"between": pause}), run_a)
-    sim.start(sim.worker("B"), run_b)
+    sim.start(sim.worker("A", pauses={"between": pause}), run, ["INV-1"], 100, first=True)
+    sim.start(sim.worker("B"), run, ["INV-1", "INV-2"], 200)
 
 
 @scenario
@@ -128,23 +127,32 @@ def bypass_writer(sim, *, protected, pause=30.0, ttl=10.0):
 
 @scenario
 def lock_wait(sim, *, protected, hold=30.0, ttl=10.0):
-    """Lesson 02: B waits for the lock A holds inside its write; then A's next write bounces."""
+    """Lesson 02: A stops inside its write, holding SQLite's file lock; B waits, then renews.
+
+    Protected, each worker renews before more protected work and stops if refused."""
+
+    def step(w, lease, invoice, base, read=True):
+        if protected and (lease := (yield from w.keep(lease, invoice))) is None:
+            return None  # the lease ended: no more work, nothing to release
+        yield from w.write(invoice, amount(w, base), lease.generation, fenced=protected, read=read)
+        return lease
 
     def run_a(w):
         lease = yield from w.acquire(ttl)
-        g = lease.generation
         for invoice, wait in (("INV-1", 2.0), ("INV-2", 1.0)):
             yield w.env.timeout(wait)
-            yield from w.write(invoice, amount(w, 100), g, fenced=protected, read=True)
+            if (lease := (yield from step(w, lease, invoice, 100))) is None:
+                return
         yield from w.release(lease)
 
     def run_b(w):
         lease = yield from w.acquire_when_free(ttl)
-        yield from w.write("INV-1", amount(w, 200), lease.generation, fenced=protected, read=True)
+        if (lease := (yield from step(w, lease, "INV-1", 200))) is None:
+            return
         w.read(["INV-2"])
         yield w.env.timeout(work(w))
-        yield from w.write("INV-2", amount(w, 200), lease.generation, fenced=protected)
-        yield from w.release(lease)
+        if (lease := (yield from step(w, lease, "INV-2", 200, read=False))) is not None:
+            yield from w.release(lease)
 
     sim.start(sim.worker("A", pauses={"inside-write": hold}), run_a)
     sim.start(sim.worker("B"), run_b)

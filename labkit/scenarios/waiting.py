@@ -62,7 +62,7 @@ def herd(
     n = check_number(contenders, "contenders", integer=True, low=1, high=5000)
     if strategy not in ("jitter", "watch"):
         raise BadArgument("strategy", f"must be 'jitter' or 'watch', got {strategy!r}")
-    hold = check_number(hold, "hold", positive=True)
+    hold = check_number(hold, "hold")
     used = strategy if protected else "none"
     authority, env, rng, db = sim.authority, sim.env, sim.rng, sim.database("resource")
     released, queue = 1.0, []
@@ -225,7 +225,9 @@ def version_wait(sim, *, protected, pause=30.0, duration=10.0, heartbeat=3.0, of
         for t in beats:  # alive and working until t=4
             yield w.env.timeout(t - w.env.now)
             mine = leases.heartbeat(mine)
-            w.record("renew", generation=g, target=LEASE)
+            w.record("renew", "ok" if mine else "lost", generation=g, target=LEASE)
+            if mine is None:
+                return  # B claimed it already (a duration shorter than the beat): stop
         yield w.env.timeout(4.0 - w.env.now)
         yield from w.pause(pause, "gc")
         yield from w.write("INV-1", amount(w, 100), g, fenced=protected)

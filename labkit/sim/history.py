@@ -6,8 +6,9 @@ Vocabulary (``action``: ``outcome``):
 
 * ``acquire``, ``renew``: ``ok`` (``until`` = the expiry at the authority), ``held``, ``lost``;
   ``release``: ``ok`` or ``lost``.
-* :data:`EFFECTS` (``target`` = what changed, ``key`` = the operation key): ``ok``,
-  ``rejected`` (a fence, lease check or CAS), ``duplicate`` (a key), ``crashed`` or ``aborted``.
+* :data:`EFFECTS` (``target`` = what changed, ``key`` = the operation key, ``began`` = when its
+  transaction took the write lock): ``ok``, ``rejected`` (a fence, lease check or CAS),
+  ``duplicate`` (a key), ``crashed`` or ``aborted``.
 * ``read`` (``ok``: saw ``target``'s committed state) and ``raise`` (``ok``: the fence committed
   at ``generation``) order a successor's first action and a writer's view; ``wait``, ``pause``,
   ``resume`` and ``crash`` are informational.
@@ -46,6 +47,7 @@ class Event:
         key: the operation key, if any (idempotency), else None.
         target: what was leased or changed, e.g. ``"invoice-run"`` or ``"INV-1"``.
         until: for ``acquire``/``renew`` the authority's expiry; for ``pause`` its end.
+        began: for an effect, when its transaction began, if before ``time`` (None: at ``time``).
     """
 
     time: float
@@ -56,6 +58,7 @@ class Event:
     key: str | None = None
     target: str | None = None
     until: float | None = None
+    began: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,9 +92,10 @@ def _checked(history: Iterable[Event], final) -> list[Event]:
         if not isinstance(e, Event):
             raise BadArgumentType("history", f"event {i} must be an Event, got {type(e).__name__}")
         what = f"event {i} ({e.worker} {e.action}) has"
-        time = e.time
-        if isinstance(time, bool) or not isinstance(time, (int, float)) or not math.isfinite(time):
-            raise BadArgument("history", f"{what} time {time!r}, not a finite number")
+        times = {"time": e.time} | ({} if e.began is None else {"began": e.began})
+        for field, t in times.items():
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+                raise BadArgument("history", f"{what} {field} {t!r}, not a finite number")
         if e.generation is not None and not _is_token(e.generation):
             raise BadArgument("history", f"{what} generation {e.generation!r}, {_NOT_TOKEN}")
     if final is not None:
@@ -118,9 +122,10 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
         lost_update: a target's committed write replaced by a lower token, or by another worker
             whose last read of that target came before the write, or not what ``final`` holds.
         duplicate_effect: two committed effects with the same operation key.
-        acted_after_expiry: an effect committed by a worker whose lease had expired and had
-            meanwhile been granted to someone who had begun to act on it (an ``ok`` read, raise
-            or effect). A commit the successor waited for (e.g. on the write lock) is not flagged.
+        acted_after_expiry: an effect committed by a worker whose transaction began after its
+            own lease ended (its last acquire or renew's ``until``, or its release) and before it
+            acquired again. A transaction begun in time (or at the very instant of expiry, when
+            the successor's grant is still racing it) may commit late: the fence orders it.
         foreign_release: a release or renewal that succeeded for a worker not holding the lease.
 
     Example:
@@ -133,10 +138,8 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
     highest = None  # highest committed token so far
     last_write: dict[str, tuple[int, Event]] = {}  # target -> (position, its last committed write)
     keys_done: dict[str, Event] = {}
-    expiry: dict[str, float] = {}  # worker -> its lease's expiry at the authority
+    ended: dict[str, tuple] = {}  # worker -> (when, how) its own lease ends at the authority
     holder: dict[str, tuple] = {}  # lease target -> (worker, generation) of the live lease
-    granted: dict[str, float] = {}  # worker -> when it last acquired
-    started: list[tuple[float, str]] = []  # (grant time, worker) of grantees that have acted since
     last_read: dict[tuple, int] = {}  # (worker, target) -> position of its last ok read
 
     def flag(kind: str, event: Event, message: str) -> None:
@@ -145,9 +148,6 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
     for i, e in enumerate(events):
         if e.outcome != "ok":
             continue
-        acts = e.action in EFFECTS or e.action in ("read", "raise")
-        if acts and e.worker in granted and (granted[e.worker], e.worker) not in started:
-            started.append((granted[e.worker], e.worker))
         if e.action == "read":
             last_read[e.worker, e.target] = i
         if e.action in ("acquire", "renew"):
@@ -161,9 +161,9 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
                 )
             holder[e.target] = me
             if e.action == "acquire":
-                granted[e.worker] = e.time
+                ended.pop(e.worker, None)
             if e.until is not None:
-                expiry[e.worker] = e.until
+                ended[e.worker] = (e.until, "expired")
         elif e.action == "release":
             owner = holder.pop(e.target, None)
             if owner is not None and owner != (e.worker, e.generation):
@@ -173,7 +173,7 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
                     f"{e.worker}'s release (generation {e.generation}) "
                     f"deleted {owner[0]}'s lease (generation {owner[1]})",
                 )
-            expiry.pop(e.worker, None)
+            ended[e.worker] = (e.time, "was released")
         elif e.action in EFFECTS:
             if e.generation is not None:
                 mine = token(e.generation)
@@ -216,16 +216,13 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
                         f"(at t={keys_done[e.key].time:g} and t={e.time:g})",
                     )
                 keys_done.setdefault(e.key, e)
-            if (
-                e.worker in expiry
-                and e.time >= expiry[e.worker]
-                and any(w != e.worker and granted.get(e.worker, -1.0) <= t for t, w in started)
-            ):
+            end, how = ended.get(e.worker, (math.inf, ""))
+            if (e.time if e.began is None else e.began) > end:
                 flag(
                     "acted_after_expiry",
                     e,
                     f"{e.worker} committed a {e.action} at t={e.time:g}, "
-                    f"after its lease expired at t={expiry[e.worker]:g}",
+                    f"after its lease {how} at t={end:g}",
                 )
     for target, (_, e) in last_write.items():
         if final is not None and (
@@ -276,8 +273,10 @@ def describe(history: Iterable[Event], violations: Iterable[Violation]) -> str:
     if waits:
         who = waits[0].worker
         mine = [e.time for e in waits if e.worker == who]
+        refused = ("renew", "lost") in {(e.action, e.outcome) for e in history if e.worker == who}
+        then = "; by then its lease had ended, so it stopped" if refused else ", then went on"
         return (
-            f"{who} waited {mine[-1] - mine[0] + TICK:g} s for the write lock, then went on: "
+            f"{who} waited {mine[-1] - mine[0] + TICK:g} s for the file's write lock{then}: "
             f"no violation, {n} committed writes in generation order"
         )
     return f"no violation: {n} committed writes, in generation order, none lost"

@@ -215,6 +215,14 @@ class Worker:
         """Ask the authority to renew ``lease``: the new Lease, or None if it was lost."""
         return (yield from self._tell("renew", lease))
 
+    def keep(self, lease: Lease, lock: str):
+        """Before protected work: wait for the write lock (recorded on ``lock``), then renew
+        ``lease`` once half its ttl has passed. The lease to act with, or None: do no more work."""
+        yield from self.wait_for_lock(target=lock)
+        if lease.expires_at - self.sim.clock.now() > lease.ttl / 2:
+            return lease
+        return (yield from self.renew(lease))
+
     def release(self, lease: Lease):
         """Ask the authority to release ``lease``: True if it was ours and is now gone."""
         return bool((yield from self._tell("release", lease)))
@@ -253,7 +261,7 @@ class Worker:
         epoch, n = None, generation
         if self.sim.epochs:
             epoch, n = generation if isinstance(generation, tuple) else (0, generation)
-        fields = {"generation": generation, "target": invoice}
+        began, fields = float(self.env.now), {"generation": generation, "target": invoice}
         try:
             opened = self.fence().guard(generation) if fenced else unfenced(self.db, generation)
             with opened as tx:
@@ -268,6 +276,7 @@ class Worker:
             raise
         if fenced:
             self.record("raise", "ok", generation=generation, target=JOB)
+        fields["began"] = began if began < self.env.now else None  # held open over time?
         return self.record("write", "ok", **fields).outcome
 
     def raise_fence(self, generation: int, db: str = "resource"):

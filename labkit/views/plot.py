@@ -5,9 +5,11 @@ Helpers take ``ax=None`` and return the axes; only :class:`present` changes sett
 """
 
 import functools
+import math
 import textwrap
 
 import matplotlib as mpl
+import numpy as np
 from matplotlib.collections import LineCollection, PolyCollection
 from matplotlib.font_manager import FontProperties
 from matplotlib.lines import Line2D
@@ -17,10 +19,11 @@ from matplotlib.transforms import Affine2D, ScaledTranslation
 
 from labkit.errors import BadArgument
 from labkit.views.scene import COLOURS, LABEL_STYLES, SPAN_STYLES, end_of, lanes_of, scene, styles
+from labkit.views.scene import OBSTACLES, label_offsets, x_range
 
 __all__ = ["timeline", "outcome_map", "verdict_table", "present"]
 
-_IN = {"left": 0.75, "right": 0.3, "top": 0.75, "bottom": 1.45, "lane": 0.62, "width": 11.0}
+_IN = {"left": 0.9, "right": 0.3, "top": 0.75, "bottom": 1.45, "lane": 0.62, "width": 11.0}
 _MARK_LABELS = {
     "read": "read",
     "held": "lease refused (held)",
@@ -35,8 +38,17 @@ _MARK_LABELS = {
 
 
 def _inch(name: str) -> float:
-    """A layout length in inches, scaled with the font size (presenter mode makes everything bigger)."""
-    return _IN[name] * max(1.0, mpl.rcParams["font.size"] / 10.0)
+    """A layout length in inches, scaled with the font size (presenter mode makes everything
+    bigger) but the width, which stays near a notebook output's, so the browser shows text
+    at the size drawn; bigger text makes the legend take fewer columns and more rows."""
+    scale = max(1.0, mpl.rcParams["font.size"] / 10.0)
+    if name == "bottom":
+        return scale * (0.85 + 0.2 * math.ceil((len(_MARK_LABELS) + 5) / _columns()))
+    return _IN[name] * (1.0 if name == "width" else scale)
+
+
+def _columns() -> int:
+    return 5 if mpl.rcParams["font.size"] < 12.5 else 3
 
 
 def fit_figure(fig, lanes: int, top: float | None = None) -> None:
@@ -70,17 +82,17 @@ def frame(ax, lanes: list[str], xmax: float) -> None:
         Line2D([], [], **_fence_style(), label="fence token"),
     ]
     below = -0.62 * _inch("lane") / _IN["lane"] / ax.figure.get_size_inches()[1]
-    ax.legend(
-        handles=handles,
-        loc="upper left",
-        bbox_to_anchor=(0.0, below / ax.get_position().height),
-        frameon=False,
-        borderaxespad=0.0,
-        ncols=5,
-        fontsize="small",
-        columnspacing=1.2,
-        handletextpad=0.4,
+    style = dict(
+        frameon=False, borderaxespad=0, columnspacing=1.2, handletextpad=0.4, ncols=_columns()
     )
+    anchor = (0.0, below / ax.get_position().height)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=anchor, fontsize="small", **style)
+
+
+def point_in_data(ax) -> float:
+    """One point along ``ax``'s time axis, in data units (seconds)."""
+    x0, x1 = ax.get_xlim()
+    return (x1 - x0) * ax.figure.dpi / 72 / ax.get_window_extent().width
 
 
 def add_artists(ax, animated: bool = False) -> dict:
@@ -107,47 +119,82 @@ def fill(made: dict, sc) -> list:
     made["ticks"].set_segments([[(x, y - 0.42), (x, y + 0.42)] for x, y in sc.ticks])
     made["fence"].set_data(*(sc.fence or ([], [])))
     for name in styles():
-        made[name].set_data(*(zip(*sc.points[name]) if name in sc.points else ([], [])))
+        made[name].set_data(*(zip(*sc.points[name]) if sc.points.get(name) else ([], [])))
     drawn = {**sc.spans, "ticks": sc.ticks, "fence": sc.fence, **sc.points}
     return [artist for name, artist in made.items() if drawn.get(name)]
 
 
 @functools.lru_cache(maxsize=4096)
-def _outline(text: str, size: str, weight: str, base: float) -> tuple:
-    """``text`` as a path in points and its extents (``base``, the font size, keys the cache)."""
-    path = TextPath((0, 0), text, prop=FontProperties(size=size, weight=weight))
+def _outline(text: str, kind: str, base: float) -> tuple:
+    """``text`` in style ``kind`` as a path in points and its extents (``base``, the font size,
+    keys the cache)."""
+    style = LABEL_STYLES[kind]
+    prop = FontProperties(size=style["fontsize"], weight=style.get("fontweight", "normal"))
+    path = TextPath((0, 0), text, prop=prop)
     return path, path.get_extents()
 
 
-def label_patches(ax, labels) -> list:
-    """A Scene's labels as glyph outlines, offset in points from their data points.
+def _place(ax, sc) -> list:
+    """Each label's offset from its anchor in points and its box in display pixels, so that no
+    two labels, nor a label and a write marker, overlap.
+
+    A greedy pass over the glyph outlines' extents: each label, in the Scene's order, takes its
+    preferred place, else the first free one of a few alternatives (below, right, left, further
+    out; a pause label moves right along its bar), preferring places inside the axes. Written
+    here rather than with adjustText, which moves Text artists step by step on every draw: this
+    is one deterministic pass of a millisecond, over the outline patches the panel blits.
+    """
+    px, m = ax.figure.dpi / 72, mpl.rcParams["lines.markersize"]
+    taken = []
+    for name in OBSTACLES:
+        if sc.points.get(name):
+            at, half = ax.transData.transform(sc.points[name]), styles()[name]["ms"] * px * 0.4
+            taken += [tuple(box) for box in np.hstack([at - half, at + half])]
+    inside, placed = ax.get_window_extent(), []
+    anchors = ax.transData.transform([(x, y) for _, x, y, _ in sc.labels])
+    for (text, _, _, kind), anchor in zip(sc.labels, anchors):
+        box = _outline(text, kind, mpl.rcParams["font.size"])[1]
+        offsets = np.array(label_offsets(kind, box.width, box.height, m))
+        corner = offsets * px + anchor
+        tries = np.hstack([corner, corner + (box.width * px, box.height * px)])
+        held, box4 = np.array(taken).reshape(1, -1, 2, 2), tries.reshape(-1, 1, 2, 2)  # corners
+        pad = np.array([m * px, 1])  # a gap, so that neighbours don't read as one label
+        overlap = (box4[:, :, 0] < held[:, :, 1] + pad) & (held[:, :, 0] < box4[:, :, 1] + pad)
+        free = ~overlap.all(axis=2).any(axis=1)
+        within = ((tries[:, :2] >= inside.p0) & (tries[:, 2:] <= inside.p1)).all(axis=1)
+        best = np.flatnonzero(free & within)
+        best = best[0] if len(best) else next(iter(np.flatnonzero(free)), 0)
+        taken.append(tuple(tries[best]))
+        placed.append((tuple(offsets[best]), taken[-1]))
+    return placed
+
+
+def label_patches(ax, sc) -> tuple[list, list]:
+    """Scene ``sc``'s labels as glyph-outline patches placed by :func:`_place`, and their boxes
+    ``[(text, (x0, y0, x1, y1))]`` in image pixels (origin top left).
 
     Outlines, because Agg lays real text out anew on every draw: with ``annotate`` the
     panel's redraw took twice as long (benchmarks/slider.py). Pause labels get a white halo.
     """
-    patches = []
-    for text, x, y, dy, kind in labels:
-        style = LABEL_STYLES[kind]
-        weight = style.get("fontweight", "normal")
-        path, box = _outline(text, style["fontsize"], weight, mpl.rcParams["font.size"])
-        ox = 2.0 if kind in ("other", "fence") else 0.0
-        ox = -box.width / 2 if style.get("ha") == "center" else ox
-        va = style.get("va", "bottom" if dy > 0 else "top")
-        oy = {"bottom": 0, "top": -box.height, "center": -box.height / 2}[va]
-        oy += dy * mpl.rcParams["lines.markersize"]
-        at = Affine2D().translate(ox, oy).scale(1 / 72) + ax.figure.dpi_scale_trans
-        at += ScaledTranslation(x, y, ax.transData)
+    patches, boxes, height = [], [], ax.figure.bbox.height
+    for (text, x, y, kind), ((ox, oy), box) in zip(sc.labels, _place(ax, sc)):
+        path, extents = _outline(text, kind, mpl.rcParams["font.size"])
+        at = Affine2D().translate(ox - extents.x0, oy - extents.y0).scale(1 / 72)
+        at += ax.figure.dpi_scale_trans + ScaledTranslation(x, y, ax.transData)
+        colour = LABEL_STYLES[kind].get("color", "black")
         if kind == "pause":
             patches.append(PathPatch(path, transform=at, fc="white", ec="white", lw=3))
-        patches.append(PathPatch(path, transform=at, fc=style.get("color", "black"), ec="none"))
-    return patches
+        patches.append(PathPatch(path, transform=at, fc=colour, ec="none", gid="label"))
+        boxes.append((text, (box[0], height - box[3], box[2], height - box[1])))
+    return patches, boxes
 
 
 def timeline(result, ax=None):
     """Draw one run: a lane per worker, the fence's token in its own lane, the verdict as title.
 
     ``result`` is a Result, or anything with ``history``, ``violations``, ``verdict`` and
-    ``params``. At most 14 lanes are drawn (the busiest workers); the caption counts the rest.
+    ``params``. The time axis ends at :func:`~labkit.views.scene.x_range` of the run's end. At most
+    14 lanes are drawn: beyond 14 workers, 13 busy ones and a lane counting the others' attempts.
 
     >>> from labkit.scenarios import expired_but_alive
     >>> ax = timeline(expired_but_alive(protected=False))
@@ -161,16 +208,17 @@ def timeline(result, ax=None):
         fig = plt.figure()
         fit_figure(fig, len(lanes))
         ax = fig.add_subplot()
-    xmax = end_of(result.history) * 1.04
+    xmax = x_range(end_of(result.history))
     frame(ax, lanes, xmax)
-    sc = scene(result, lanes, xmax)
+    sc = scene(result, lanes, xmax, point_in_data(ax))
     fill(add_artists(ax), sc)
-    for patch in label_patches(ax, sc.labels):
+    for patch in label_patches(ax, sc)[0]:
         ax.add_patch(patch)
     below = -72 * (_inch("bottom") - 0.12)  # points under the axes
     where = dict(xycoords="axes fraction", xytext=(0, below), textcoords="offset points")
     ax.annotate(sc.caption, (0, 0), **where, fontsize="small", color="#555555", va="bottom")
-    ax.set_title(textwrap.fill(sc.title, 88), loc="left", color=sc.colour)
+    wrap = int(88 * min(1.0, 12 / mpl.rcParams["font.size"]))  # the width stays; the font grows
+    ax.set_title(textwrap.fill(sc.title, wrap), loc="left", color=sc.colour)
     return ax
 
 
@@ -273,8 +321,7 @@ class present:
     def __init__(self, on: bool = True) -> None:
         self._saved = {k: mpl.rcParams[k] for k in _PRESENTER}
         if on:
-            if present._before is None:
-                present._before = dict(self._saved)
+            present._before = present._before or dict(self._saved)
             mpl.rcParams.update(_PRESENTER)
         elif present._before is not None:
             mpl.rcParams.update(present._before)

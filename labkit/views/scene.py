@@ -5,6 +5,7 @@
 Okabe-Ito (distinct for the common colour blindnesses); each kind of write has its own marker.
 """
 
+import math
 from dataclasses import dataclass
 
 import matplotlib as mpl
@@ -12,7 +13,7 @@ import matplotlib as mpl
 from labkit.fence import token
 from labkit.sim.history import EFFECTS
 
-__all__ = ["Scene", "scene", "styles", "COLOURS", "SPAN_STYLES", "LABEL_STYLES"]
+__all__ = ["Scene", "scene", "styles", "x_range", "COLOURS", "SPAN_STYLES", "LABEL_STYLES"]
 
 #: Okabe-Ito colours, by meaning
 COLOURS = {
@@ -33,13 +34,15 @@ SPAN_STYLES = {
     "wait": dict(facecolor=COLOURS["wait"], edgecolor="#444444", hatch=".."),
 }
 LABEL_STYLES = {
-    "target": dict(fontsize="x-small", ha="center"),
-    "pause": dict(fontsize="x-small", color="#333333", va="center"),
-    "other": dict(fontsize="x-small", color="#333333", va="top"),
+    "target": dict(fontsize="x-small"),
+    "pause": dict(fontsize="x-small", color="#333333"),
+    "other": dict(fontsize="x-small", color="#333333"),
     "fence": dict(fontsize="small", color=COLOURS["fence"], fontweight="bold"),
-    "note": dict(fontsize="small", color="#555555", va="center"),
+    "note": dict(fontsize="small", color="#555555"),
 }
-_MAX_LANES = 14  # a herd of 100 shows its 14 busiest workers; the caption counts the rest
+_MAX_LANES = 14  # a herd of 100 shows its 13 busiest workers and a lane for the rest
+OTHERS = "others"  # that lane's name: the refused attempts of the workers without a lane
+_STEPS = (10, 12, 14, 16, 18, 20, 22, 25, 30, 35, 40, 45, 50, 60, 70, 80, 90, 100)
 _QUIET = set("read acquire renew release wait pause resume crash raise response".split())
 
 
@@ -65,12 +68,20 @@ def styles() -> dict:
 
 
 def lanes_of(history) -> list[str]:
-    """The workers in order of appearance; beyond 14, only those that did something that counted."""
+    """The workers in order of appearance; beyond 14, the 13 first that did something that
+    counted, then :data:`OTHERS`."""
     workers = list(dict.fromkeys(e.worker for e in history))
     if len(workers) <= _MAX_LANES:
         return workers
     busy = {e.worker for e in history if e.outcome == "ok" and e.action != "read"}
-    return [w for w in workers if w in busy][:_MAX_LANES]
+    return [w for w in workers if w in busy][: _MAX_LANES - 1] + [OTHERS]
+
+
+def merge_lanes(lanes: list[str], more: list[str]) -> list[str]:
+    """``lanes``, then those of ``more`` not in it: at most 14, :data:`OTHERS` last if needed."""
+    merged = [w for w in dict.fromkeys([*lanes, *more]) if w != OTHERS]
+    cut = OTHERS in lanes or OTHERS in more or len(merged) > _MAX_LANES
+    return merged[: _MAX_LANES - 1] + [OTHERS] if cut else merged
 
 
 def end_of(history) -> float:
@@ -79,10 +90,30 @@ def end_of(history) -> float:
     return max([e.time for e in history] + pauses + [1.0])
 
 
-def _intervals(events, tick: float = 0.5):
-    """Lease-held intervals, pauses and waits of one worker's events, plus its expiries."""
-    leases, pauses, waits, released = [], [], [], set()
+def x_range(end: float) -> float:
+    """The time axis's right end for a run that ends at ``end``: ``end`` plus 3% (so end
+    markers show), rounded up to the next of 10, 12, 14, ... 90, 100, 120, ... (times a power
+    of ten). Steps are at most 1.2x apart, so the range ends at most 1.03 x 1.2 < 1.25 x ``end``,
+    and it stays the same while ``end`` moves between two steps."""
+    need = max(end, 1.0) * 1.03
+    scale = 10.0 ** math.floor(math.log10(need / 10))
+    return next(s * scale for s in _STEPS if s * scale >= need * (1 - 1e-9))
+
+
+def _intervals(events, end: float, tick: float = 0.5):
+    """Lease-held intervals, pauses and waits of one worker's events, plus the expiries drawn.
+
+    A lease with no end at the authority (``until`` None, e.g. a version lock) is held until its
+    release or ``end`` (the run's) and has no expiry tick.
+    """
+    leases, pauses, waits, expiries = [], [], [], []
     start = until = wait_from = None
+
+    def close(at: float) -> None:  # the held span ends at release, re-acquire or expiry
+        leases.append((start, min(until, at)))
+        if until <= at:
+            expiries.append(until)
+
     for e in events:
         if e.action == "wait":
             wait_from = e.time if wait_from is None else wait_from
@@ -93,34 +124,62 @@ def _intervals(events, tick: float = 0.5):
         ok = e.outcome == "ok"
         if e.action == "acquire" and ok:
             if start is not None:
-                leases.append((start, min(until, e.time)))
-            start, until = e.time, e.until if e.until is not None else e.time
+                close(e.time)
+            start, until = e.time, math.inf if e.until is None else e.until
         elif e.action == "renew" and ok and start is not None and e.until is not None:
             until = e.until
         elif e.action == "release" and ok and start is not None:
-            if e.time < until:
-                until = e.time
-                released.add(until)
-            leases.append((start, until))
+            close(e.time)
             start = None
         elif e.action == "pause":
-            end = e.until if e.until is not None else e.time
-            crashes = (c.time for c in events if c.action == "crash" and e.time <= c.time < end)
-            pauses.append((e.time, next(crashes, end), e.target))
+            stop = e.until if e.until is not None else e.time
+            crashes = (c.time for c in events if c.action == "crash" and e.time <= c.time < stop)
+            pauses.append((e.time, next(crashes, stop), e.target))
     if wait_from is not None:
         waits.append((wait_from, wait_from + tick))
     if start is not None:
-        leases.append((start, until))
-    return leases, pauses, waits, sorted({end for _, end in leases if end not in released})
+        close(until if until < math.inf else end)
+    return leases, pauses, waits, expiries
+
+
+def _spread(xs: list, width: float) -> list:
+    """``xs`` (sorted), each run of points closer than ``width`` set ``width`` apart about its middle."""
+    out, run = [], []
+    for x in [*xs, math.inf]:
+        if run and x - run[-1] >= width:
+            mid = (run[0] + run[-1]) / 2
+            out += [mid + (k - (len(run) - 1) / 2) * width for k in range(len(run))]
+            run = []
+        run.append(x)
+    return out
 
 
 def _write_kind(e, later) -> str:
+    """An effect's marker. Only a ``write`` (a row, a file) can be replaced by a later one; a
+    second email or charge is a duplicate effect, which the checker marks, not a replacement."""
     if e.outcome == "ok":
-        replaced = any(
-            o.target == e.target and o.worker != e.worker and o.outcome == "ok" for o in later
-        )
+        same = [o for o in later if o.action == e.action == "write" and o.target == e.target]
+        replaced = any(o.worker != e.worker and o.outcome == "ok" for o in same)
         return "overwritten" if replaced else "accepted"
     return {"rejected": "rejected", "duplicate": "duplicate"}.get(e.outcome, "crashed")
+
+
+#: the markers a label must not cover
+OBSTACLES = "accepted overwritten rejected duplicate crashed crash lost held".split()
+
+
+def label_offsets(kind: str, w: float, h: float, m: float) -> list:
+    """Where a label's box may sit, as its lower-left corner in points from its anchor, best first."""
+    up, down = m * 1.3, -h - m * 1.3
+    first = {
+        "target": [(-w / 2, up), (-w / 2, down), (m, -h / 2), (m * 0.6, up), (m * 0.6, down)]
+        + [(-w - m * 0.6, up), (-w - m * 0.6, down), (-w / 2, up + h + 1), (-w - m, -h / 2)],
+        "other": [(2, -h - m), (2, m * 0.6), (2, -2 * h - m - 1), (-w - 2, -h - m)],
+        "fence": [(2, m * 0.4), (2, -h - m * 0.4)],
+        "note": [(0, -h / 2), (0, m * 0.9), (0, -h - m * 0.9)],
+    }.get(kind, [(0, -h / 2)])
+    shifted = [(x + m * k, y) for k in range(1, 13) for x, y in first[:2]]
+    return first + shifted
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,9 +188,9 @@ class Scene:
 
     Attributes: spans (``"lease"``/``"pause"``/``"wait"`` -> rectangles ``(x0, x1, y,
     half_height)``), ticks (the authority's expiries, ``(x, y)``), points (a key of
-    :func:`styles` -> ``[(x, y)]``), labels (``(text, x, y, dy, kind)``, ``dy`` in marker sizes,
-    kind a key of LABEL_STYLES), fence (the token's step line ``(xs, ys)``, or None), and title,
-    colour, caption (the verdict, its colour, and the knobs line).
+    :func:`styles` -> ``[(x, y)]``), labels (``(text, x, y, kind)``, kind a key of LABEL_STYLES,
+    placed near ``(x, y)`` when drawn), fence (the token's step line ``(xs, ys)``, or None), and
+    title, colour, caption (the verdict, its colour, and the knobs line).
     """
 
     spans: dict
@@ -144,27 +203,40 @@ class Scene:
     caption: str
 
 
-def scene(result, lanes: list[str], xmax: float) -> Scene:
-    """Turn a Result into a :class:`Scene` for lanes ``lanes`` on a time axis up to ``xmax``."""
-    history = list(result.history)
-    near = xmax * 0.045
+def scene(result, lanes: list[str], xmax: float, pt: float | None = None) -> Scene:
+    """Turn a Result into a :class:`Scene` for lanes ``lanes`` on a time axis up to ``xmax``.
+
+    ``pt`` is a point in data units (default: a 10-inch axis), so write markers at the same spot
+    are set a marker's width apart and their labels and violation rings follow them.
+    """
+    history, end = list(result.history), end_of(result.history)
+    near, shown = xmax * 0.045, set(lanes)
+    width = styles()["accepted"]["ms"] * (pt or xmax / 720)
     effects = [e for e in history if e.action in EFFECTS]
     spans = {"lease": [], "pause": [], "wait": []}
-    ticks, points, labels = [], {}, []
+    ticks, points, labels, drawn = [], {}, [], {}
 
     def mark(style, x, y):
         points.setdefault(style, []).append((x, y))
 
     for y, worker in enumerate(lanes):
+        if worker == OTHERS:
+            rest = [e for e in history if e.worker not in shown]
+            refused = [e for e in rest if e.action == "acquire" and e.outcome != "ok"]
+            points.setdefault("held", []).extend((x, y) for x in sorted({e.time for e in refused}))
+            n = len({e.worker for e in rest})
+            text = f"{n} more workers: {len(refused)} refused attempts" if n else "no other workers"
+            labels.append((text, 0.0, y, "note"))
+            continue
         mine = [e for e in history if e.worker == worker]
-        leases, pauses, waits, expiries = _intervals(mine)
+        leases, pauses, waits, expiries = _intervals(mine, end)
         spans["lease"] += [(a, b, y, 0.3) for a, b in leases]
         spans["pause"] += [(a, b, y, 0.2) for a, b, _ in pauses]
         spans["wait"] += [(a, b, y, 0.14) for a, b in waits]
         ticks += [(x, y) for x in expiries]
         for a, b, point in pauses:
             if point and b - a > near * 2.5:
-                labels.append((f"paused at {point}", a + near * 0.2, y, 0, "pause"))
+                labels.append((f"paused at {point}", a + near * 0.2, y, "pause"))
         others = 0
         for e in mine:
             if e.action == "read" and e.outcome == "ok":
@@ -179,18 +251,16 @@ def scene(result, lanes: list[str], xmax: float) -> Scene:
                 mark("other", e.time, y)
                 others += 1
                 if others <= 6:
-                    labels.append((e.action, e.time, y, -1.0, "other"))
+                    labels.append((e.action, e.time, y, "other"))
         writes = [(i, e) for i, e in enumerate(effects) if e.worker == worker]
-        last, flip = None, False
-        for i, e in writes:
-            mark(_write_kind(e, effects[i + 1 :]), e.time, y)
+        for (i, e), x in zip(writes, _spread([e.time for _, e in writes], width)):
+            mark(_write_kind(e, effects[i + 1 :]), x, y)
+            drawn[e] = x
             if len(writes) <= 12 and e.target:
-                flip = (not flip) if last is not None and e.time - last < near else False
-                last = e.time
-                labels.append((str(e.target), e.time, y, -1.1 if flip else 1.1, "target"))
+                labels.append((str(e.target), x, y, "target"))
         for v in result.violations:
             if v.event.worker == worker:
-                mark("violation", v.event.time, y)
+                mark("violation", drawn.get(v.event, v.event.time), y)
     fy = len(lanes)
     raises = [
         e for e in history if e.action == "raise" and e.outcome == "ok" and e.generation is not None
@@ -200,19 +270,19 @@ def scene(result, lanes: list[str], xmax: float) -> Scene:
         tokens = sorted({e.generation for e in raises}, key=token)
         rank = {t: i for i, t in enumerate(tokens)}
         ys = [fy + 0.35 - 0.7 * rank[e.generation] / max(len(rank) - 1, 1) for e in raises]
-        fence = ([e.time for e in raises] + [max(end_of(history), xmax)], ys + ys[-1:])
+        fence = ([e.time for e in raises] + [max(end, xmax)], ys + ys[-1:])
         for i, (e, yy) in enumerate(zip(raises, ys)):
             if i == 0 or e.generation != raises[i - 1].generation:  # label each new token once
-                labels.append((str(e.generation), e.time, yy, 0.4, "fence"))
+                labels.append((str(e.generation), e.time, yy, "fence"))
     else:
-        labels.append(("no fenced write: the fence was never raised", 0.0, fy, 0, "note"))
+        labels.append(("no fenced write: the fence was never raised", 0.0, fy, "note"))
     knobs = ", ".join(
         f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
         for k, v in result.params.items()
         if k not in ("protected", "seed")
     )
     mode = {True: "protected", False: "unprotected"}.get(result.params.get("protected"), "")
-    hidden = len(dict.fromkeys(e.worker for e in history)) - len(lanes)
+    hidden = len(dict.fromkeys(e.worker for e in history)) - len(shown - {OTHERS})
     extra = f" · {hidden} more workers not shown" if hidden > 0 else ""
     caption = f"{mode} · {knobs} · seed={result.params.get('seed', '?')}{extra}"
     colour = COLOURS["rejected"] if result.violations else "#222222"

@@ -23,8 +23,8 @@ from tabulate import tabulate
 from labkit.errors import BadArgument, BadArgumentType, check_number
 from labkit.sim.engine import Result, play
 from labkit.sim.history import check
-from labkit.views.plot import add_artists, fill, fit_figure, frame, label_patches
-from labkit.views.scene import _MAX_LANES, COLOURS, end_of, lanes_of, scene
+from labkit.views.plot import add_artists, fill, fit_figure, frame, label_patches, point_in_data
+from labkit.views.scene import COLOURS, end_of, lanes_of, merge_lanes, scene, x_range
 
 __all__ = ["explore", "replay", "button", "Explorer", "TimelineRenderer", "tables_html"]
 
@@ -33,7 +33,6 @@ SLIDER_KNOBS = frozenset(
     "pause latency request_latency response_latency ttl margin gap hold drift offset delay lag"
     " repeats contenders outage".split()
 )
-_STEPS = (10, 15, 20, 30, 40, 50, 60, 80, 100, 120, 150, 200, 300, 400, 600, 1000)
 _FIXED = ("seed", "protected")  # the controls every panel has
 _LIVE = "LABKIT_LIVE_SECONDS"  # if set, caps a whole replay at that many wall seconds
 
@@ -41,42 +40,57 @@ _LIVE = "LABKIT_LIVE_SECONDS"  # if set, caps a whole replay at that many wall s
 class TimelineRenderer:
     """Draw many runs fast as PNG bytes (for the panel): the picture of :func:`.plot.timeline`.
 
-    The frame (lanes, ticks, legend) is drawn once per (lanes, time range); each run restores
-    it and draws only the timeline's artists (blitting). The lanes and time range of ``runs``
-    are reserved up front, and the range only grows, in round steps, so the picture holds still.
+    The frame (lanes, legend) is drawn once per (lanes, font settings), its time axis once per
+    range; each run restores them and draws only the timeline's artists (blitting). The lanes of
+    ``runs`` are reserved up front and stay put once seen; the range is :func:`.scene.x_range` of
+    the current run's end (or ``xmax``, fixed), so it changes only when that end crosses a step.
+
+    After :meth:`png`: ``label_boxes``, ``[(text, (x0, y0, x1, y1))]``, the labels drawn, and
+    ``legend_text_px``, the legend's font size (its em), both in image pixels (origin top left).
     """
 
-    def __init__(self, runs=()) -> None:
-        self.lanes, self.xmax = [], max((end_of(r.history) * 1.03 for r in runs), default=0.0)
+    def __init__(self, runs=(), *, xmax: float | None = None) -> None:
+        self.lanes, self.hold = [], xmax
         for run in runs:
-            self.lanes += [w for w in lanes_of(run.history) if w not in self.lanes]
+            self.lanes = merge_lanes(self.lanes, lanes_of(run.history))
         self.figure = Figure(dpi=80)
         self.canvas = FigureCanvasAgg(self.figure)
         self.ax = self.figure.add_subplot()
         self._key = self._background = self._artists = None
+        self._ranges, self.label_boxes, self.legend_text_px = {}, [], 0.0
 
     def _prepare(self, end: float) -> None:
-        need = max(self.xmax, end * 1.03)
-        xmax = next((s for s in _STEPS if s >= need), need * 1.1)
-        key = (tuple(self.lanes), xmax, mpl.rcParams["font.size"], mpl.rcParams["lines.markersize"])
-        if key == self._key:
-            self.canvas.restore_region(self._background)
-            return
-        self.xmax, self._key = xmax, key
-        fit_figure(self.figure, len(self.lanes), top=0.25)  # the panel shows the title
-        self.ax.clear()
-        frame(self.ax, self.lanes, xmax)
-        self._artists = add_artists(self.ax, animated=True)
-        self.canvas.draw()
-        self._background = self.canvas.copy_from_bbox(self.figure.bbox)
+        """Restore the frame for the lanes, fonts and range; draw it only when the lanes or fonts
+        change, and its time axis (kept in a small cache) when the range does."""
+        key = (tuple(self.lanes), mpl.rcParams["font.size"], mpl.rcParams["lines.markersize"])
+        xmax = self.hold or x_range(end)
+        if key != self._key:
+            self._key, self._ranges = key, {}
+            fit_figure(self.figure, len(self.lanes), top=0.25)  # the panel shows the title
+            self.ax.clear()
+            frame(self.ax, self.lanes, xmax)
+            self.ax.xaxis.set_animated(True)
+            self._artists = add_artists(self.ax, animated=True)
+            self.canvas.draw()
+            self._background = self.canvas.copy_from_bbox(self.figure.bbox)
+            size = max(t.get_fontsize() for t in self.ax.get_legend().get_texts())
+            self.legend_text_px = size * self.figure.dpi / 72
+        self.xmax = xmax
+        if xmax in self._ranges:
+            return self.canvas.restore_region(self._ranges[xmax])
+        self.canvas.restore_region(self._background)
+        self.ax.set_xlim(-0.02 * xmax, xmax)
+        self.ax.draw_artist(self.ax.xaxis)
+        self._ranges = self._ranges if len(self._ranges) < 16 else {}  # 2 MB each
+        self._ranges[xmax] = self.canvas.copy_from_bbox(self.figure.bbox)
 
     def png(self, result) -> bytes:
         """Render ``result``'s timeline and return it as PNG bytes."""
-        seen = [w for w in lanes_of(result.history) if w not in self.lanes]
-        self.lanes = (self.lanes + seen)[:_MAX_LANES]  # lanes stay put once seen
+        self.lanes = merge_lanes(self.lanes, lanes_of(result.history))
         self._prepare(end_of(result.history))
-        sc = scene(result, self.lanes, self.xmax)
-        for artist in fill(self._artists, sc) + label_patches(self.ax, sc.labels):
+        sc = scene(result, self.lanes, self.xmax, point_in_data(self.ax))
+        patches, self.label_boxes = label_patches(self.ax, sc)
+        for artist in fill(self._artists, sc) + patches:
             artist.set_figure(self.figure)
             self.ax.draw_artist(artist)
         png = io.BytesIO()
@@ -164,7 +178,7 @@ class Explorer(widgets.VBox):
         self.update()
 
     def _previews(self) -> list:
-        """Runs with each slider at its far end, so the renderer reserves their lanes and time."""
+        """Runs with each slider at its far end, so the renderer reserves their lanes."""
         runs = []
         for name, control in self.controls.items():
             if name in _FIXED or not hasattr(control, "max"):
@@ -278,7 +292,7 @@ def replay(
     preview = scenario(protected=protected, seed=seed, **knobs)  # validates knobs; gives the length
     virtual, cap = max(end_of(preview.history), 1.0), float(os.environ.get(_LIVE) or 0)
     factor = cap / virtual if 0 < cap < virtual / speed else 1.0 / speed  # wall s per virtual s
-    renderer = TimelineRenderer([preview])
+    renderer = TimelineRenderer([preview], xmax=x_range(virtual))
     clock, verdict = widgets.HTML(), widgets.HTML()
     image = widgets.Output(layout=widgets.Layout(min_height="320px"))
     display(widgets.VBox([clock, image, verdict]))
