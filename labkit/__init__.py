@@ -8,7 +8,7 @@ Subpackages by role build on the core, never the other way round (``lint-imports
 """
 
 from labkit.clock import Clock, RealClock, VirtualClock
-from labkit.db import connect
+from labkit.db import connect as _on_sqlite
 from labkit.errors import BadArgument, BadArgumentType, Busy, KeyNotRecorded, KeyReused
 from labkit.errors import LabkitError, LeaseHeld, LeaseLost, StaleGeneration
 from labkit.fence import Fence, Tx
@@ -31,6 +31,18 @@ __all__ += ["EpochAuthority", "Claims", "FencedFileStore", "EmailProvider", "Pay
 __all__ += ["Outbox", "ETagStore"]
 # histories and their checker, and presenter mode
 __all__ += ["check", "Event", "Violation", "present"]
+
+
+def connect(path=":memory:", *, busy_timeout_ms: int = 5000):
+    """A labkit database on a SQLite file (:func:`labkit.db.connect`) or a ``postgresql://`` URL.
+
+    >>> connect(), connect("postgresql://labkit:PASSWORD@127.0.0.1:5432/postgres")  # doctest: +SKIP
+    """
+    if isinstance(path, str) and path.startswith(("postgresql:", "postgres:")):
+        from labkit.engines.postgres_db import connect as on_postgres
+
+        return on_postgres(path, busy_timeout_ms=busy_timeout_ms)
+    return _on_sqlite(path, busy_timeout_ms=busy_timeout_ms)
 
 
 def present(on: bool = True):

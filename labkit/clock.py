@@ -1,7 +1,4 @@
-"""One clock protocol: library code takes ``clock=`` and calls ``clock.now()``.
-
-:class:`RealClock` is the only place labkit reads the machine's clock.
-"""
+"""One clock protocol: code takes ``clock=``, calls ``clock.now()``; only RealClock reads time."""
 
 import math
 import time
@@ -18,7 +15,6 @@ class Clock(Protocol):
 
     def now(self) -> float:
         """Return the current time in seconds; it never decreases."""
-        ...
 
 
 def check_clock(clock) -> Clock:

@@ -1,13 +1,12 @@
-"""The one place labkit talks to SQLite.
+"""The one place labkit talks to SQLite (and to PostgreSQL, whose handle is in labkit.engines).
 
 The transaction contract, once: every connection labkit opens has ``isolation_level=None``, so
 Python never opens a transaction behind our back. A write that matters runs inside
-:func:`transaction`, which issues ``BEGIN IMMEDIATE`` (taking the write lock up front, so two
-writers never both read and then collide), then ``COMMIT`` if the block finishes or ``ROLLBACK``
-if it raises. Every statement goes through :func:`execute`, which binds all values and fetches
-every row before returning, so no ``RETURNING`` cursor is left open at ``COMMIT``. Whether an
-operation won is the row count of one conditional statement, never a read followed by a write.
-Driver errors become labkit errors here and nowhere else.
+:func:`transaction`: ``BEGIN IMMEDIATE`` (taking the write lock up front, so two writers never
+both read and then collide), then ``COMMIT`` if the block finishes or ``ROLLBACK`` if it raises.
+:func:`execute` binds all values and fetches every row, so no ``RETURNING`` cursor is open at
+``COMMIT``. Whether an operation won is the row count of one conditional statement. Driver
+errors become labkit errors here, or in an engine's handle.
 """
 
 import contextlib
@@ -87,9 +86,9 @@ def quote(identifier: str) -> str:
 
 
 def check_db(db, argument: str = "db") -> sqlite3.Connection:
-    """Return the sqlite3 connection of ``db``, a labkit database or an explicit-mode connection."""
+    """Return the connection of ``db`` (a labkit database, or an explicit-mode sqlite3 one)."""
     conn = getattr(db, "conn", db)
-    if not isinstance(conn, sqlite3.Connection):
+    if not isinstance(conn, sqlite3.Connection) and not hasattr(conn, "labkit_engine"):
         raise BadArgumentType(argument, f"must be a labkit database, got {type(db).__name__}")
     with contextlib.suppress(sqlite3.ProgrammingError):  # closed: the first statement says so
         if conn.isolation_level is not None:  # Python would open transactions behind our back

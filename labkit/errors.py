@@ -12,11 +12,9 @@ MAX_INT = 2**63 - 1
 def check_number(
     value, argument: str, *, integer=False, positive=False, signed=False, low=None, high=None
 ):
-    """Return ``value`` as a float (an int when ``integer``), or raise naming ``argument``.
-
-    Bools and non-numbers are a BadArgumentType; NaN, infinities, negatives (unless ``signed``),
-    zero when ``positive`` and values outside ``low`` .. ``high`` a BadArgument.
-    """
+    """``value`` as a float (an int if ``integer``), or raise naming ``argument``: BadArgumentType
+    for bools and non-numbers; BadArgument for NaN, ±inf, < 0 unless ``signed``, 0 if ``positive``
+    and values outside ``low`` .. ``high``."""
     if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
         kind = "an int" if integer else "a number"
         raise BadArgumentType(argument, f"must be {kind}, got {type(value).__name__}")

@@ -38,15 +38,12 @@ class Fence:
 
     def __init__(self, db, job: str) -> None:
         self.db, self.job = db, check_name(job, "job")
-        sql = "INSERT INTO job_fence(job_id, epoch, generation) VALUES (?, 0, 0)"
+        sql = "INSERT INTO job_fence VALUES (?, 0, 0) ON CONFLICT DO NOTHING"  # a racer won
         ensure(db, "SELECT 1 FROM job_fence WHERE job_id = ?", (self.job,), sql, (self.job,))
 
     @contextlib.contextmanager
     def guard(self, generation) -> Iterator[Tx]:
-        """``BEGIN IMMEDIATE``; raise the fence to ``generation`` or refuse; the block; ``COMMIT``.
-
-        The raised fence and the block's writes (through the yielded :class:`Tx`) commit together.
-        """
+        """Raise the fence to ``generation`` or refuse; the block's writes commit with it or not."""
         epoch, counter = token(generation)
         with transaction(self.db) as conn:
             sql = """UPDATE job_fence SET epoch = :epoch, generation = :generation
@@ -66,17 +63,18 @@ class Fence:
         return show(rows[0])
 
     def protect(self, table: str, column: str = "generation") -> None:
-        """Install SQLite triggers so that ``table`` refuses rows with a stale token, from anyone.
+        """Install triggers (PL/pgSQL on PostgreSQL) so ``table`` refuses stale rows from anyone.
 
-        Covered: an ``INSERT`` or ``UPDATE`` whose new row carries in ``column`` an int below the
-        fence of its ``job_id`` is aborted whole; a row really written raises that fence, and so
-        do the rows already there. A row without an int token, a job, or a fence row is refused;
-        no fence row may be lowered, renamed or deleted. Not covered: an ``UPDATE`` leaving
-        ``column`` unchanged, a ``DELETE`` of a protected row, dropping the triggers.
+        Covered: an ``INSERT`` or ``UPDATE`` whose row carries in ``column`` an int below its
+        ``job_id``'s fence is aborted whole; a row written, or already there, raises that fence; a
+        row without an int token, a job or a fence row is refused; no fence row is lowered, renamed
+        or deleted. Not covered: an ``UPDATE`` leaving ``column`` unchanged, ``DELETE``, ``DROP``.
         """
         table, column = check_name(table, "table"), check_name(column, "column")
         if table.lower() in _OWN_TABLES:
             raise BadArgument("table", f"{table!r} is one of labkit's own tables")
+        if engine := getattr(check_db(self.db), "protect", None):  # PostgreSQL: PL/pgSQL triggers
+            return engine(table, column)
         sql = """SELECT lower(name) FROM pragma_table_info(:t) WHERE EXISTS (
             SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = :t COLLATE NOCASE)"""
         if not (columns := {name for (name,) in execute(self.db, sql, {"t": table})}):
@@ -123,10 +121,8 @@ class _Block:
 
 @dataclass(frozen=True, slots=True)
 class Tx:
-    """The open transaction ``conn`` of a guard whose fence (of ``job``) accepted ``token``.
-
-    ``job`` is None for :func:`unfenced`. Once its ``with`` block ends, it is refused everywhere.
-    """
+    """The open transaction ``conn`` of a guard whose fence (of ``job``; None for :func:`unfenced`)
+    accepted ``token``. Once its ``with`` block ends, it is refused everywhere."""
 
     conn: Any
     token: tuple[int, int]
@@ -156,6 +152,8 @@ class Tx:
     @property
     def db(self) -> sqlite_utils.Database:
         """The sqlite-utils view of this transaction (it cannot refuse use after the block)."""
+        if hasattr(self.conn, "labkit_engine"):
+            raise BadArgument("tx", "tx.db is sqlite-utils, for SQLite only: use tx.execute(sql)")
         return sqlite_utils.Database(self.conn)
 
 

@@ -1,7 +1,5 @@
-"""Idempotency: the current owner must not repeat an effect.
-
-A fence lets every write of the current generation through, so a retried charge within one
-generation is not the fence's problem. :func:`run_once` records an operation key in the same
+"""Idempotency: the current owner must not repeat an effect, and the fence lets every write of
+the current generation through. :func:`run_once` records an operation key in the same
 transaction as the effect: the key and the effect commit together or not at all.
 """
 
@@ -37,10 +35,9 @@ def canonical(value: Any, argument: str) -> str:
 def run_once(db_or_tx, key: str, effect: Callable[[Tx], Any], *, payload: Any = None) -> Any:
     """Call ``effect(tx)`` once per ``key`` and return its result, as JSON gives it back.
 
-    The key and the effect's writes commit together; a repeat returns the stored result without
-    calling ``effect`` (KeyReused if its ``payload`` differs). Given a database it opens its own
-    ``BEGIN IMMEDIATE``; given a guard's ``tx`` it joins it in ``SAVEPOINT run_once``. If ``effect``
-    raises, nothing is recorded; an effect that ends either, or meets its key, is KeyNotRecorded.
+    A repeat returns the stored result, ``effect`` not called (KeyReused if ``payload`` differs).
+    Given a database it opens a transaction, given a guard's ``tx`` it joins it (a savepoint). If
+    ``effect`` raises, nothing is recorded; one that ends either, or meets its key, KeyNotRecorded.
 
     >>> from labkit import connect
     >>> db = connect()
@@ -101,8 +98,7 @@ def _broken(conn, key: str) -> KeyNotRecorded | None:
 
 
 def _abandon(conn, key: str) -> KeyNotRecorded:
-    """The effect ended run_once's transaction: roll back any it began. A key its COMMIT took along
-    stays, since the effect's writes may be durable and a retry must not repeat them."""
+    """The effect ended our transaction: roll back any it began; a key its COMMIT took stays."""
     with contextlib.suppress(LabkitError):
         if in_transaction(conn):
             execute(conn, "ROLLBACK")

@@ -16,10 +16,7 @@ __all__ = ["Lease", "LeaseAuthority"]
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """``name`` held by ``owner`` with the fencing token ``generation`` until ``expires_at``.
-
-    Generations strictly increase per name; a renewal extends to now + ``ttl`` seconds.
-    """
+    """``name`` held by ``owner`` with the token ``generation`` until ``expires_at`` (+ ``ttl``)."""
 
     name: str
     owner: str
@@ -37,8 +34,6 @@ class Lease:
 
 class LeaseAuthority:
     """Grants, renews and releases leases, reading time from ``clock``.
-
-    Each write is one ``BEGIN IMMEDIATE`` decided by one conditional statement.
 
     >>> from labkit import connect, VirtualClock
     >>> clock = VirtualClock()
@@ -64,8 +59,9 @@ class LeaseAuthority:
         with transaction(self.db):
             now = read_clock(self.clock)
             expires_at = _expiry(now, ttl, "ttl")
-            sql = "INSERT INTO lease_counter VALUES (?, 0) ON CONFLICT(name) DO NOTHING"
-            execute(self.db, sql, (name,))
+            sql = """INSERT INTO lease_counter VALUES (?, 0)
+                ON CONFLICT(name) DO UPDATE SET generation = lease_counter.generation"""
+            execute(self.db, sql, (name,))  # the counter row: made if missing, locked till COMMIT
             sql = """UPDATE lease_counter SET generation = generation + 1 WHERE name = :name
                 AND NOT EXISTS (SELECT 1 FROM leases WHERE name = :name AND expires_at > :now)
                 RETURNING generation"""
@@ -73,7 +69,9 @@ class LeaseAuthority:
             if not won:
                 return None
             lease = Lease(name, owner, won[0][0], expires_at, ttl)
-            sql = "INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?)"
+            sql = """INSERT INTO leases VALUES (?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET
+                owner = excluded.owner, generation = excluded.generation,
+                expires_at = excluded.expires_at, ttl = excluded.ttl"""
             execute(self.db, sql, (name, owner, lease.generation, expires_at, ttl))
             return lease
 
@@ -91,6 +89,8 @@ class LeaseAuthority:
         """Return ``lease`` extended to now + ``lease.ttl``, or raise LeaseLost."""
         lease = _check_lease(lease)
         with transaction(self.db):
+            sql = "UPDATE lease_counter SET generation = generation WHERE name = ?"  # the lock
+            execute(self.db, sql, (lease.name,))
             now = read_clock(self.clock)
             expires_at = _expiry(now, lease.ttl, "lease")
             sql = """UPDATE leases SET expires_at = ?

@@ -1,4 +1,8 @@
-"""Tiny shared fixtures: a virtual clock, labkit databases on temp files, a lease authority."""
+"""Tiny shared fixtures: a virtual clock, labkit databases on temp files, a lease authority.
+
+In the contract modules (``engines.CONTRACT``), ``db``, ``dump``, ``reopen`` and ``bare`` run on
+SQLite and on PostgreSQL (see ``tests/engines.py``).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,46 @@ import sqlite3
 import pytest
 
 import labkit
+
+import engines
+
+
+def pytest_generate_tests(metafunc):
+    engines.parametrize(metafunc)
+
+
+@pytest.fixture
+def engine(request) -> str:
+    """The database under test: "sqlite", or "postgres" in the contract modules' second run."""
+    return getattr(request, "param", "sqlite")
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """One throwaway PostgreSQL for the session (skips loudly without the binaries)."""
+    engines.require_postgres()
+    import psycopg
+
+    from labkit.engines.postgres import PostgresServer
+
+    with PostgresServer(settings=engines.FAST) as server:
+        with psycopg.connect(server.url, autocommit=True) as admin:
+            server.admin = admin
+            yield server
+
+
+@pytest.fixture
+def pg_schema(pg_server):
+    """A fresh schema on the session's server, dropped after the test."""
+    schema = engines.Schema(pg_server, pg_server.admin)
+    yield schema
+    schema.drop()
+
+
+@pytest.fixture
+def target(engine, db_path, request) -> str:
+    """What ``labkit.connect`` opens for this test: the SQLite path, or the PostgreSQL URL."""
+    return request.getfixturevalue("pg_schema").url if engine == "postgres" else db_path
 
 
 @pytest.fixture
@@ -22,11 +66,43 @@ def db_path(tmp_path):
 
 
 @pytest.fixture
-def db(db_path):
-    """``labkit.connect`` on a temp file (WAL, labkit's schema); closed afterwards."""
-    database = labkit.connect(db_path, busy_timeout_ms=2000)
+def db(target):
+    """``labkit.connect`` on a temp file (WAL, labkit's schema), or PostgreSQL; closed afterwards."""
+    database = labkit.connect(target, busy_timeout_ms=2000)
     yield database
     database.conn.close()
+
+
+@pytest.fixture
+def reopen(target):
+    """Open another labkit connection to the same database; all closed afterwards."""
+    opened = []
+
+    def open_(**options):
+        opened.append(labkit.connect(target, **options))
+        return opened[-1]
+    yield open_
+    for database in opened:
+        database.conn.close()
+
+
+@pytest.fixture
+def bare(engine, target, request):
+    """A writer who never heard of labkit: ``bare(sql, params)`` on the driver itself (``?``
+    placeholders), autocommit; ``bare.Error`` is the driver's error class."""
+    if engine == "postgres":
+        import psycopg
+
+        from labkit.engines.postgres_db import translate
+        conn = psycopg.connect(target, autocommit=True)
+        run = lambda sql, params=(): conn.execute(translate(sql), params)  # noqa: E731
+        error = psycopg.Error
+    else:
+        conn = sqlite3.connect(target, isolation_level=None, check_same_thread=False)
+        run, error = conn.execute, sqlite3.Error
+    writer = type("Bare", (), {"__call__": staticmethod(run), "Error": error, "conn": conn})()
+    yield writer
+    conn.close()
 
 
 @pytest.fixture
@@ -59,6 +135,8 @@ def dump(path: str) -> list[str]:
 
 
 @pytest.fixture(name="dump")
-def dump_fixture(db_path):
-    """A function returning the dump of ``db_path`` now: compare before and after."""
+def dump_fixture(engine, db_path, request):
+    """A function returning the dump of the test's database now: compare before and after."""
+    if engine == "postgres":
+        return request.getfixturevalue("pg_schema").dump
     return lambda: dump(db_path)

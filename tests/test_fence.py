@@ -9,6 +9,7 @@ import labkit
 from labkit import Fence, LabkitError, StaleGeneration, Tx
 from labkit.db import execute, transaction
 from labkit.fence import unfenced
+from polling import wait_for
 
 INSERT = "INSERT INTO invoices(job_id, invoice_id, amount, generation) VALUES (?, ?, ?, ?)"
 
@@ -104,7 +105,7 @@ def test_source_story_a_unique_key_also_stops_the_repeat(db, dump):
     with fence.guard(8) as tx:
         tx.execute(INSERT, ("invoice-run", "INV-1", 120, 8))
     before = dump()
-    with pytest.raises(LabkitError, match="UNIQUE"):
+    with pytest.raises(LabkitError, match="(?i)unique"):
         with fence.guard(8) as tx:
             tx.execute(INSERT, ("invoice-run", "INV-1", 120, 8))
     assert dump() == before
@@ -285,9 +286,10 @@ def test_fences_of_different_jobs_are_independent(db):
     assert (one.current(), two.current()) == (9, 1)
 
 
-def test_two_connections_b_waits_for_as_guard_then_a_is_fenced_out(db_path):
-    """A holds the write lock inside guard(7); B's guard(8) waits, then commits; A's next guard(7) fails."""
-    conn_a, conn_b = labkit.connect(db_path), labkit.connect(db_path, busy_timeout_ms=20000)
+def test_two_connections_b_waits_for_as_guard_then_a_is_fenced_out(reopen):
+    """A holds the write lock (PostgreSQL: the fence row) inside guard(7); B's guard(8) waits, then
+    commits; A's next guard(7) fails."""
+    conn_a, conn_b = reopen(), reopen(busy_timeout_ms=20000)
     fence_a, fence_b = Fence(conn_a, "invoice-run"), Fence(conn_b, "invoice-run")
     b_started, order = threading.Event(), []
 
@@ -311,45 +313,38 @@ def test_two_connections_b_waits_for_as_guard_then_a_is_fenced_out(db_path):
         with fence_a.guard(7) as tx:
             tx.execute(INSERT, ("invoice-run", "INV-2", 100, 7))
     assert invoices(conn_a) == [("invoice-run", "INV-1", 120, 8)]
-    conn_a.conn.close()
-    conn_b.conn.close()
 
 
 # --- Fence.protect: the resource enforces its own fence ----------------------------------
 
-def bare(db_path):
-    """A plain sqlite3 connection: a writer who never heard of labkit."""
-    return sqlite3.connect(db_path, isolation_level=None)
-
-
-def test_unprotected_table_lets_a_bypassing_writer_write_stale(db, db_path):
+def test_unprotected_table_lets_a_bypassing_writer_write_stale(db, bare):
     """Without protect(), a writer who skips the guard writes generation 7 after the fence reached 8."""
     fence = Fence(db, "invoice-run")
     with fence.guard(8) as tx:
         tx.execute(INSERT, ("invoice-run", "INV-1", 120, 8))
-    bare(db_path).execute(INSERT, ("invoice-run", "INV-2", 100, 7))
+    bare(INSERT, ("invoice-run", "INV-2", 100, 7))
     assert invoices(db)[-1] == ("invoice-run", "INV-2", 100, 7)
 
 
-def test_protected_table_refuses_a_bypassing_writer_in_sqlite_itself(db, db_path, dump):
-    """After protect(), a plain sqlite3 INSERT with 7 fails inside SQLite and writes nothing."""
+def test_protected_table_refuses_a_bypassing_writer_in_sqlite_itself(db, bare, dump):
+    """After protect(), a plain driver INSERT with 7 fails inside the database and writes nothing."""
     fence = Fence(db, "invoice-run")
     fence.protect("invoices")
     with fence.guard(8) as tx:
         tx.execute(INSERT, ("invoice-run", "INV-1", 120, 8))
     before = dump()
-    with pytest.raises(sqlite3.IntegrityError, match="labkit: stale generation"):
-        bare(db_path).execute(INSERT, ("invoice-run", "INV-2", 100, 7))
-    with pytest.raises(sqlite3.IntegrityError, match="labkit: stale generation"):
-        bare(db_path).execute("UPDATE invoices SET amount = 0, generation = 7")
+    with pytest.raises(bare.Error, match="labkit: stale generation"):
+        bare(INSERT, ("invoice-run", "INV-2", 100, 7))
+    with pytest.raises(bare.Error, match="labkit: stale generation"):
+        bare("UPDATE invoices SET amount = 0, generation = 7")
     assert dump() == before
 
 
-def test_a_protected_write_raises_the_fence_in_the_same_statement(db, db_path):
+def test_a_protected_write_raises_the_fence_in_the_same_statement(db, bare):
     """A bare INSERT with 9 raises the fence to 9, so the guard with 8 is then refused."""
     fence = Fence(db, "invoice-run")
     fence.protect("invoices")
-    bare(db_path).execute(INSERT, ("invoice-run", "INV-1", 120, 9))
+    bare(INSERT, ("invoice-run", "INV-1", 120, 9))
     assert fence.current() == 9
     with pytest.raises(StaleGeneration):
         with fence.guard(8):
@@ -449,16 +444,15 @@ def test_protect_is_idempotent_and_counts_existing_rows(db, dump):
     assert dump() == before
 
 
-def test_protect_holds_for_new_connections_and_an_update_at_the_current_token(db, db_path):
+def test_protect_holds_for_new_connections_and_an_update_at_the_current_token(db, reopen):
     """The triggers live in the file: a new connection is fenced too; an update carrying 8 at fence 8 passes."""
     Fence(db, "job").protect("invoices")
     execute(db, INSERT, ("job", "INV-1", 1, 8))
-    other = labkit.connect(db_path)
+    other = reopen()
     with pytest.raises(StaleGeneration):
         execute(other, "UPDATE invoices SET amount = 2, generation = 7")
     execute(other, "UPDATE invoices SET amount = 3, generation = 8")
     assert invoices(db) == [("job", "INV-1", 3, 8)]
-    other.conn.close()
 
 
 @pytest.mark.parametrize("table, column, argument", [
@@ -490,5 +484,58 @@ def test_protect_quotes_sql_looking_table_and_column_names(db):
     with pytest.raises(StaleGeneration):
         execute(db, f'INSERT INTO "{table}" VALUES (?, ?)', ("job", 4))
     assert fence.current() == 5
-    names = {name for (name,) in execute(db, "SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert {"invoices", "leases", table} <= names
+    assert execute(db, f'SELECT * FROM "{table}"') == [("job", 5)]
+    assert execute(db, "SELECT count(*) FROM invoices") == execute(db, "SELECT count(*) FROM leases")
+
+
+def blocked(engine, waiter, reopen, statement="BEGIN IMMEDIATE"):
+    """A test of whether ``waiter`` (a labkit or a driver connection) now waits for a lock that
+    another connection holds: on PostgreSQL in pg_locks; on SQLite, it began ``statement``."""
+    if engine == "postgres":
+        observer, pid = reopen(), getattr(waiter, "pg", waiter).info.backend_pid
+        sql = "SELECT count(*) FROM pg_locks WHERE pid = ? AND NOT granted"
+        return lambda: execute(observer, sql, (pid,)) == [(1,)]
+    began = threading.Event()
+    getattr(waiter, "conn", waiter).set_trace_callback(
+        lambda sql: began.set() if sql.startswith(statement) else None)
+    return began.is_set
+
+
+def test_two_connections_making_the_same_new_fence_at_once_both_succeed(engine, reopen):
+    """B makes Fence(job) while A's transaction making it is still open: B waits, then finds A's
+    row instead of failing on the duplicate; the fence is made once, at 0."""
+    a, b = reopen(), reopen(busy_timeout_ms=20000)
+    waiting, made = blocked(engine, b, reopen), []
+    with transaction(a):
+        Fence(a, "new-job")
+        thread = threading.Thread(target=lambda: made.append(Fence(b, "new-job").current()))
+        thread.start()
+        wait_for(waiting, "B to wait for A's lock")
+    thread.join()
+    assert made == [0]
+    assert execute(a, "SELECT * FROM job_fence WHERE job_id = 'new-job'") == [("new-job", 0, 0)]
+
+
+def test_a_bare_writer_waits_for_an_open_guard_then_is_judged_by_the_committed_fence(
+        engine, db, bare, reopen):
+    """A guard(9) is open when a bare writer inserts a row with 8 into the protected table: the
+    writer waits (SQLite: the file lock; PostgreSQL: the fence row), then is refused, since the
+    fence it is judged by is the committed 9, not the 0 it would have seen before."""
+    fence = Fence(db, "job")
+    fence.protect("invoices")
+    waiting, outcome = blocked(engine, bare.conn, reopen, "INSERT"), []
+
+    def write():
+        try:
+            bare(INSERT, ("job", "INV-8", 1, 8))
+            outcome.append("written")
+        except bare.Error as exc:
+            outcome.append(str(exc).splitlines()[0])
+    with fence.guard(9) as tx:
+        tx.execute(INSERT, ("job", "INV-9", 1, 9))
+        thread = threading.Thread(target=write)
+        thread.start()
+        wait_for(waiting, "the bare writer to wait for the guard")
+    thread.join()
+    assert outcome == ["labkit: stale generation"]
+    assert invoices(db) == [("job", "INV-9", 1, 9)] and fence.current() == 9

@@ -2,7 +2,8 @@
 
 Each case asserts the LabkitError subclass, that the message names the argument
 (for bad arguments), and that the database file is unchanged (a full dump
-before and after, read through a separate connection).
+before and after, read through a separate connection). The core's cases run on
+SQLite and on PostgreSQL; the mechanisms' cases (lessons 04-08) on SQLite only.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from labkit.mechanisms.recovery import Claims, produce
 from labkit.mechanisms.timing import VersionLease
 
 from conftest import dump
+from engines import ENGINES
 
 V, T = BadArgument, BadArgumentType
 NAN, INF = math.nan, math.inf
@@ -53,10 +55,10 @@ class BrokenClock:
 
 
 @pytest.fixture
-def env(tmp_path):
-    """A file database with state worth protecting: a held lease, a fence at 8, an invoice, a key,
-    a claimed job, a version lease, an outbox intent and a provider's charge."""
-    path = str(tmp_path / "lab.db")
+def env(tmp_path, engine, target, request):
+    """A database with state worth protecting: a held lease, a fence at 8, an invoice, a key, and
+    on SQLite a claimed job, a version lease, an outbox intent and a provider's charge."""
+    path = target  # the SQLite file, or the PostgreSQL URL
     db = labkit.connect(path, busy_timeout_ms=2000)
     clock = VirtualClock(start=5)
     leases = LeaseAuthority(db, clock)
@@ -65,6 +67,12 @@ def env(tmp_path):
     with fence.guard(8) as tx:
         tx.execute("INSERT INTO invoices VALUES ('job', 'INV-1', 120, 8)")
         run_once(tx, "charge/INV-1", lambda t: "charged", payload={"amount": 120})
+    state = SimpleNamespace(path=path, db=db, clock=clock, leases=leases, lease=lease, fence=fence,
+                            tmp=tmp_path, engine=engine, dump=request.getfixturevalue("dump"))
+    if engine == "postgres":
+        yield state
+        db.conn.close()
+        return
     claims, versions = Claims(db, clock), VersionLease(db, clock)
     claims.enqueue("job")
     claim = claims.claim("job", "A", 8)
@@ -73,9 +81,9 @@ def env(tmp_path):
     with fence.guard(8) as tx:
         outbox.add(tx, "job/email", "email", {"to": "ops"})
     pay.charge("acct-1", 120, idempotency_key="charge/INV-1")
-    yield SimpleNamespace(path=path, db=db, clock=clock, leases=leases, lease=lease, fence=fence,
-                          tmp=tmp_path, claims=claims, claim=claim, versions=versions, files=files,
-                          outbox=outbox, pay=pay)
+    state.__dict__.update(claims=claims, claim=claim, versions=versions, files=files, outbox=outbox,
+                          pay=pay)
+    yield state
     db.conn.close()
 
 
@@ -211,18 +219,24 @@ def guarded(env, body):
 
 
 CASES = cases()
+# the mechanisms of lessons 04-08 (their schemas and SQL are SQLite's): SQLite only
+MECHANISMS = ("heartbeat", "release(version)", "produce", "cleanup_expired", "naive_cleanup",
+              "FencedFileStore", "pending", "mark_sent", "charge")
+ON_BOTH = [(engine, case) for case in CASES for engine in ENGINES
+           if engine == "sqlite" or not case.id.startswith(MECHANISMS)]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize("engine, case", ON_BOTH, indirect=["engine"],
+                         ids=[f"{engine}-{case.id}" for engine, case in ON_BOTH])
 def test_bad_argument_raises_a_named_labkit_error_and_changes_nothing(env, case):
     """Each bad argument raises its LabkitError subclass naming the argument; the database is unchanged."""
-    before = dump(env.path)
+    before = env.dump()
     with pytest.raises(case.error) as caught:
         case.call(env)
     assert isinstance(caught.value, LabkitError)
     assert caught.value.argument == case.argument
     assert case.argument in str(caught.value)
-    assert dump(env.path) == before
+    assert env.dump() == before
     assert not env.db.conn.in_transaction
 
 
@@ -273,14 +287,14 @@ READS = {
 
 @pytest.mark.parametrize("name", sorted(WRITES) + sorted(READS))
 def test_a_closed_database_is_a_bad_argument_naming_db(env, name):
-    """Every call on a closed database raises BadArgument naming db; the file is unchanged."""
+    """Every call on a closed database raises BadArgument naming db; the database is unchanged."""
     closed = labkit.connect(env.path)
     closed.conn.close()
-    before = dump(env.path)
+    before = env.dump()
     with pytest.raises(BadArgument, match="db: the database connection is closed") as caught:
         {**WRITES, **READS}[name](closed, env)
     assert caught.value.argument == "db"
-    assert dump(env.path) == before
+    assert env.dump() == before
 
 
 @pytest.mark.parametrize("name", sorted(set(WRITES) - {"transaction"}))  # BEGIN itself writes nothing
@@ -305,22 +319,46 @@ def test_a_read_only_database_still_answers_reads(env, name):
     read_only.conn.close()
 
 
-@pytest.mark.parametrize("name", sorted(WRITES))
+LABKIT_TABLES = "lease_counter, leases, job_fence, idempotency_keys, invoices"
+
+
+def lock_everything(env):
+    """Another connection that blocks every write and no read: SQLite's BEGIN IMMEDIATE, or on
+    PostgreSQL an EXCLUSIVE lock on each of labkit's tables. Returns its undo."""
+    if env.engine == "postgres":
+        import psycopg
+        locker = psycopg.connect(env.path, autocommit=True)
+        locker.execute("BEGIN")
+        locker.execute(f"LOCK TABLE {LABKIT_TABLES} IN EXCLUSIVE MODE")
+    else:
+        locker = sqlite3.connect(env.path, isolation_level=None)
+        locker.execute("BEGIN IMMEDIATE")
+
+    def undo():
+        locker.execute("ROLLBACK")
+        locker.close()
+    return undo
+
+
+# on PostgreSQL, BEGIN takes no lock: only a statement that writes waits
+LOCKED = [("sqlite", name) for name in sorted(WRITES)]
+LOCKED += [("postgres", name) for name in sorted(WRITES) if name != "transaction"]
+
+
+@pytest.mark.parametrize("engine, name", LOCKED, indirect=["engine"])
 def test_a_database_locked_past_the_busy_timeout_raises_busy(env, name):
-    """While another connection holds BEGIN IMMEDIATE, every write raises Busy after 50 ms and writes nothing."""
+    """While another connection holds the write lock, every write raises Busy after 50 ms and writes nothing."""
     impatient = labkit.connect(env.path, busy_timeout_ms=50)
-    locker = sqlite3.connect(env.path, isolation_level=None)
-    locker.execute("BEGIN IMMEDIATE")
-    before = dump(env.path)                     # WAL: readers are not blocked
+    undo = lock_everything(env)
+    before = env.dump()                     # readers are not blocked
     try:
         with pytest.raises(Busy) as caught:
             WRITES[name](impatient, env)
         assert caught.value.timeout_ms == 50 and "50 ms" in str(caught.value)
         assert not impatient.conn.in_transaction
     finally:
-        locker.execute("ROLLBACK")
-        locker.close()
-    assert dump(env.path) == before
+        undo()
+    assert env.dump() == before
     impatient.conn.close()
 
 

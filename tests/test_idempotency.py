@@ -155,3 +155,17 @@ def test_sql_looking_keys_are_stored_as_given(db):
     assert run_once(db, key, lambda tx: 1, payload=key) == 1
     assert keys(db) == [(key, '"x\'); DROP TABLE invoices;--"', "1")]
     assert execute(db, "SELECT count(*) FROM invoices") == [(0,)]
+
+
+def test_an_effect_whose_statement_fails_leaves_the_guard_usable_and_no_key(db):
+    """A statement of the effect fails (a duplicate invoice): that error reaches the caller, who
+    catches it and commits the guard; the guard's other writes stay, the key does not."""
+    fence = Fence(db, "job")
+    with fence.guard(8) as tx:
+        tx.execute("INSERT INTO invoices VALUES ('job', 'INV-1', 5, 8)")
+        with pytest.raises(labkit.LabkitError, match="(?i)unique|duplicate"):
+            run_once(tx, "charge", lambda t: t.execute("INSERT INTO invoices VALUES ('job', 'INV-1', 6, 8)"))
+        tx.execute("INSERT INTO invoices VALUES ('job', 'INV-2', 7, 8)")
+    assert keys(db) == []
+    assert execute(db, "SELECT invoice_id, amount FROM invoices ORDER BY 1") == [("INV-1", 5), ("INV-2", 7)]
+    assert run_once(db, "charge", lambda tx: "charged") == "charged"

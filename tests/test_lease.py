@@ -154,18 +154,16 @@ def test_current_returns_the_unexpired_lease_or_none(leases, clock):
     assert leases.current("job") is None
 
 
-def test_two_authorities_on_one_file_share_leases_and_counter(db_path, clock):
-    """Two connections to one file see the same lease and never reuse a generation."""
-    first = labkit.LeaseAuthority(labkit.connect(db_path), clock)
-    second = labkit.LeaseAuthority(labkit.connect(db_path), clock)
+def test_two_authorities_on_one_file_share_leases_and_counter(reopen, clock):
+    """Two connections to one database see the same lease and never reuse a generation."""
+    first = labkit.LeaseAuthority(reopen(), clock)
+    second = labkit.LeaseAuthority(reopen(), clock)
     a = first.acquire("job", "A", ttl=10)
     assert second.current("job") == a
     with pytest.raises(LeaseHeld):
         second.acquire("job", "B", ttl=10)
     clock.advance(10)
     assert second.acquire("job", "B", ttl=10).generation == 2
-    for authority in (first, second):
-        authority.db.conn.close()
 
 
 def test_lease_is_a_frozen_value_that_checks_its_fields():

@@ -1,1 +1,2 @@
-"""Real engines beyond SQLite (PostgreSQL, Redis, etcd): reserved for the issues that bring them."""
+"""Real engines beyond SQLite: throwaway servers (``servers``, ``postgres``) and PostgreSQL behind
+labkit's database seam (``postgres_db``, ``pg_protect``). Nothing here is imported until used."""

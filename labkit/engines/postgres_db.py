@@ -1,0 +1,271 @@
+"""labkit's database seam on PostgreSQL, through psycopg 3 (imported only when used).
+
+:func:`connect` returns a :class:`PostgresDatabase`: the handle that the core's ``labkit.db``
+functions call in place of a sqlite3 connection. It keeps the core's contract. It is in
+autocommit, so the only transactions are the ones labkit begins; ``BEGIN IMMEDIATE`` is sent as
+a READ COMMITTED ``BEGIN``, and the row locks that the conditional statements take, held until
+COMMIT, serialise the writers (each statement then sees what the writer before it committed).
+Every value is bound, every row fetched, and driver errors become labkit's errors here. labkit's
+``?`` and ``:name`` placeholders become psycopg's ``%s`` and ``%(name)s``, outside quotes only.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from labkit import db as core
+from labkit.engines import pg_protect
+from labkit.errors import MAX_INT, BadArgument, Busy, LabkitError
+from labkit.errors import check_number
+
+__all__ = ["PostgresDatabase", "ServerGone", "connect", "translate"]
+
+SCHEMA = core.SCHEMA.replace("INTEGER", "BIGINT").replace("REAL", "DOUBLE PRECISION")
+GONE = (
+    "the connection to PostgreSQL was lost{where}; the server rolled back whatever this "
+    "connection had not committed, so nothing half-written stays: reconnect with "
+    "labkit.connect(url) and retry"
+)
+
+
+class ServerGone(LabkitError):
+    """No PostgreSQL server answers, or it went away: ``url`` without its password."""
+
+    def __init__(self, url: str, message: str) -> None:
+        self.url = url
+        super().__init__(message)
+
+
+def connect(url: str, *, busy_timeout_ms: int = 5000) -> PostgresDatabase:
+    """Open a labkit database on the PostgreSQL server at ``url`` and install labkit's schema.
+
+    A writer waits ``busy_timeout_ms`` for a row lock (``lock_timeout``), then raises Busy.
+    """
+    timeout = check_number(busy_timeout_ms, "busy_timeout_ms", integer=True, high=2**31 - 1)
+    try:
+        import psycopg
+    except ImportError:
+        raise LabkitError("PostgreSQL needs psycopg: pip install 'psycopg[binary]'") from None
+    shown = _check_url(url, psycopg)
+    try:
+        conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        raise _refused(str(exc), shown) from None
+    db = PostgresDatabase(conn, shown, timeout)
+    try:
+        db.execute("SELECT set_config('lock_timeout', ?, false)", (f"{timeout}ms",))
+        if db.execute("SELECT to_regclass('invoices')", ()).fetchall() == [(None,)]:
+            with core.transaction(db):  # one installer at a time, even across connections
+                db.execute("SELECT pg_advisory_xact_lock(hashtext('labkit schema'))", ())
+                for statement in filter(str.strip, SCHEMA.split(";")):
+                    db.execute(statement, ())
+    except BaseException:
+        conn.close()
+        raise
+    return db
+
+
+def _check_url(url: Any, psycopg) -> str:
+    """Return ``url`` without its password, or raise BadArgument naming ``url``."""
+    url = core.check_name(url, "url")
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise BadArgument("url", "must start with postgresql://, e.g. postgresql://user:pw@host/db")
+    try:
+        parts = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        raise BadArgument(
+            "url", f"is not a PostgreSQL URL ({exc}): see the libpq URI format"
+        ) from None
+    if not str(parts.get("port", "5432")).isdigit():
+        raise BadArgument("url", f"the port must be a number, got {parts['port']!r}")
+    who = f"{parts.get('user', '')}@" if parts.get("user") else ""
+    host = parts.get("host", "localhost")
+    return f"postgresql://{who}{host}:{parts.get('port', 5432)}/{parts.get('dbname', '')}"
+
+
+def _refused(text: str, shown: str) -> LabkitError:
+    if "password authentication failed" in text or "no password supplied" in text:
+        return BadArgument("url", f"{shown} refused the password: check the password in the URL")
+    if "does not exist" in text:
+        what = text.split("FATAL:", 1)[-1].strip()
+        return BadArgument("url", f"{shown}: {what}; check the user and database in the URL")
+    return ServerGone(
+        shown, f"no PostgreSQL server answers at {shown} ({(text.strip() or '?').splitlines()[-1]}); "
+        "start one (labkit.engines.postgres.PostgresServer) or check the host and port"
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=512)
+def translate(sql: str) -> str:
+    """labkit's SQL as psycopg's: ``?`` is ``%s``, ``:name`` is ``%(name)s``, ``%`` is ``%%``.
+
+    Quoted strings, quoted names, ``::`` casts and dollar-quoted bodies are left alone.
+
+    >>> translate("SELECT ?, :job, '?', 5 % 2, x::text")
+    "SELECT %s, %(job)s, '?', 5 %% 2, x::text"
+    """
+    if sql.strip().upper() == "BEGIN IMMEDIATE":  # the isolation these statements are written for
+        return "BEGIN ISOLATION LEVEL READ COMMITTED"
+    return _TOKENS.sub(_swap, sql)
+
+
+_CONTROL = re.compile(r"\s*(BEGIN|COMMIT|END|ROLLBACK|ABORT|SAVEPOINT|RELEASE)\b", re.I)
+_TOKENS = re.compile(r"""'(?:[^']|'')*'|"(?:[^"]|"")*"|\$\$.*?\$\$|::|\?|:([A-Za-z_]\w*)|%""", re.S)
+
+
+def _swap(match: re.Match) -> str:
+    text = match.group(0)
+    if text == "?":
+        return "%s"
+    if text == "%":
+        return "%%"
+    if match.group(1):
+        return f"%({match.group(1)})s"
+    return text
+
+
+class PostgresDatabase:
+    """A labkit database on PostgreSQL: what ``labkit.db`` calls on a sqlite3 connection.
+
+    Its ``conn`` is itself (a sqlite-utils Database's ``conn`` is the sqlite3 connection), so
+    ``execute(db, ...)``, ``transaction(db)``, ``Fence(db, ...)`` and ``db.conn.close()`` work
+    as on SQLite. ``pg`` is the psycopg connection, ``url`` the URL without its password.
+    """
+
+    labkit_engine = "postgresql"
+    isolation_level = None  # as labkit's sqlite3 connections: no transaction behind our back
+
+    def __init__(self, pg, url: str, busy_timeout_ms: int) -> None:
+        self.pg, self.url, self.busy_timeout_ms = pg, url, busy_timeout_ms
+
+    def __repr__(self) -> str:
+        return f"<labkit PostgresDatabase {self.url}>"
+
+    @property
+    def conn(self) -> PostgresDatabase:
+        return self
+
+    @property
+    def in_transaction(self) -> bool:
+        """Whether a transaction is open (or failed and not yet rolled back)."""
+        if self.pg.broken:
+            raise ServerGone(self.url, GONE.format(where=""))
+        if self.pg.closed:
+            raise BadArgument("db", "the database connection is closed")
+        return self.pg.info.transaction_status.name in ("INTRANS", "INERROR")
+
+    def close(self) -> None:
+        self.pg.close()
+
+    def execute(self, sql: str, params: Any = ()) -> _Rows:
+        """Run one labkit statement (``?`` or ``:name`` placeholders); its rows, all fetched."""
+        return self.run(translate(sql), _bind(params), params)
+
+    def run(self, sql: str, params: Any = (), named: Any = None) -> _Rows:
+        """Run one statement already in psycopg's form; driver errors become labkit errors.
+
+        Inside a transaction, a failed statement aborts all of it on PostgreSQL but only itself on
+        SQLite; a savepoint around each statement keeps SQLite's rule (the error still raises).
+        """
+        import psycopg
+
+        inside = self.pg.info.transaction_status.name == "INTRANS" and not _CONTROL.match(sql)
+        try:
+            with self.pg.cursor() as cursor:
+                if inside:
+                    cursor.execute("SAVEPOINT labkit_statement")
+                try:
+                    cursor.execute(sql, params, binary=True)  # extended protocol: one statement
+                    rows = cursor.fetchall() if cursor.description is not None else []
+                    result = _Rows(rows, cursor.rowcount)
+                except psycopg.Error:
+                    if inside and not self.pg.broken:
+                        cursor.execute("ROLLBACK TO SAVEPOINT labkit_statement")
+                        cursor.execute("RELEASE SAVEPOINT labkit_statement")
+                    raise
+                if inside:
+                    cursor.execute("RELEASE SAVEPOINT labkit_statement")
+                return result
+        except psycopg.Error as exc:
+            raise self._translate(exc, named if named is not None else params) from exc
+        except (TypeError, KeyError) as exc:  # psycopg met params it cannot bind
+            raise BadArgument("params", f"cannot bind {exc}") from None
+
+    def protect(self, table: str, column: str) -> None:
+        """Fence.protect on PostgreSQL: PL/pgSQL triggers (see :mod:`labkit.engines.pg_protect`)."""
+        pg_protect.protect(self, table, column)
+
+    def _translate(self, exc, params: Any) -> LabkitError:
+        import psycopg.errors as e
+
+        text = (exc.diag.message_primary if exc.diag else None) or str(exc)
+        if isinstance(exc, (e.LockNotAvailable, e.DeadlockDetected, e.SerializationFailure)):
+            return Busy(self.busy_timeout_ms)  # all three: nothing written, retry
+        if self.pg.closed and not self.pg.broken:
+            return BadArgument("db", "the database connection is closed")
+        if self.pg.broken or isinstance(exc, e.OperationalError):
+            return ServerGone(self.url, GONE.format(where=f" ({text.strip()})"))
+        if isinstance(exc, e.RaiseException) and text.startswith("labkit: "):
+            detail = exc.diag.message_detail or ""
+            known = tuple(map(int, detail.split(","))) if detail else None
+            return core._refusal(text, _Known(known), params)
+        if "cannot insert multiple commands" in text:
+            return BadArgument("sql", "must be exactly one statement")
+        if isinstance(exc, e.DataError) or (
+            isinstance(exc, e.ProgrammingError) and not exc.sqlstate
+        ):
+            return BadArgument("params", text)  # a value the column refuses, or bad placeholders
+        if isinstance(exc, e.ReadOnlySqlTransaction):
+            return BadArgument("db", "the database is read-only")
+        return LabkitError(f"PostgreSQL error: {text}")
+
+
+def _bind(params: Any) -> Any:
+    """``params`` as psycopg takes them: SQLite's value types only, bools as ints."""
+    if isinstance(params, Mapping):
+        return {k: _value(v, k) for k, v in params.items()}
+    if isinstance(params, (str, bytes)) or not hasattr(params, "__iter__"):
+        raise BadArgument("params", f"must be a sequence or a mapping, not {type(params).__name__}")
+    return [_value(v, i) for i, v in enumerate(params, 1)]
+
+
+def _value(value: Any, where) -> Any:
+    if value is None or isinstance(value, (str, float, bytes)):
+        return value
+    if isinstance(value, int):
+        if not -MAX_INT - 1 <= value <= MAX_INT:
+            raise BadArgument("params", f"parameter {where}: integers are below 2**63")
+        return int(value)
+    raise BadArgument(
+        "params", f"parameter {where}: type {type(value).__name__!r} is not supported"
+    )
+
+
+class _Rows:
+    """A statement's result, fetched: ``fetchall()``, ``fetchone()``, ``rowcount``."""
+
+    def __init__(self, rows: list[tuple], rowcount: int) -> None:
+        self.rows, self.rowcount = rows, rowcount
+
+    def fetchall(self) -> list[tuple]:
+        return self.rows
+
+    def fetchone(self) -> tuple | None:
+        return self.rows[0] if self.rows else None
+
+    def close(self) -> None:
+        pass
+
+
+class _Known:
+    """Answers the core's one question about a refusal (the fence row) from the trigger's DETAIL;
+    PostgreSQL has aborted the transaction, so it cannot be asked again."""
+
+    def __init__(self, row: tuple | None) -> None:
+        self.row = row
+
+    def execute(self, sql: str, params: Any) -> _Rows:
+        return _Rows([self.row] if self.row else [], 0)
