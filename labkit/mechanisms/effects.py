@@ -2,8 +2,7 @@
 
 The providers are fake services (own SQLite file) that honour idempotency keys but know
 nothing of generations; :class:`Outbox` records an intent inside the fenced transaction
-and relays it later under its key. :class:`ETagStore` shows why a version check is no fence.
-"""
+and relays it later under its key. :class:`ETagStore` shows why a version check is no fence."""
 
 import hashlib
 import json
@@ -39,6 +38,10 @@ _SCHEMA = {
 
 _CLAIM_KEY = """INSERT INTO provider_keys VALUES (:kind, :key, :now)
     ON CONFLICT(kind, key) DO UPDATE SET created_at = :now WHERE created_at + :ttl <= :now"""
+_KNOWN = """SELECT id, payload FROM provider_records WHERE kind = :kind AND idempotency_key = :key
+    ORDER BY id DESC LIMIT 1"""
+_RECORD = """INSERT INTO provider_records(kind, idempotency_key, payload, created_at)
+    VALUES (:kind, :key, :payload, :now) RETURNING id"""
 
 
 def _ensure(db, *tables: str) -> None:
@@ -75,9 +78,7 @@ class FencedFileStore:
 
     def write(self, name: str, data: bytes, generation, *, tx: Tx | None = None) -> str:
         """Replace file ``name`` by ``data`` if ``generation`` passes the fence; return the blob id.
-
-        With ``tx`` (a live guard of this store's job at ``generation``) the write joins it.
-        """
+        With ``tx`` (a live guard of this store's job at ``generation``) the write joins it."""
         name, data, offered = check_name(name, "name"), _bytes(data, "data"), token(generation)
         if tx is None:
             with self.fence.guard(offered) as guarded:
@@ -144,31 +145,18 @@ class _Provider:
         with transaction(self.db):
             # one conditional write claims a new key, or one forgotten after key_ttl
             if key is not None and not rowcount(self.db, _CLAIM_KEY, where):
-                [(known, stored)] = execute(
-                    self.db,
-                    "SELECT id, payload FROM provider_records WHERE kind = :kind "
-                    "AND idempotency_key = :key ORDER BY id DESC LIMIT 1",
-                    where,
-                )
+                [(known, stored)] = execute(self.db, _KNOWN, where)
                 if stored != offered:
                     raise KeyReused(key, stored, offered)
                 return Delivery(known, True)
-            [(record,)] = execute(
-                self.db,
-                "INSERT INTO provider_records(kind, idempotency_key, payload, created_at) "
-                "VALUES (:kind, :key, :payload, :now) RETURNING id",
-                {**where, "payload": offered},
-            )
+            [(record,)] = execute(self.db, _RECORD, {**where, "payload": offered})
         return Delivery(record, False)
 
     def records(self) -> list[dict]:
         """Everything this provider did, oldest first: id, idempotency_key, payload, created_at."""
-        rows = execute(
-            self.db,
-            "SELECT id, idempotency_key, payload, created_at FROM provider_records "
-            "WHERE kind = ? ORDER BY id",
-            (self.kind,),
-        )
+        sql = """SELECT id, idempotency_key, payload, created_at FROM provider_records
+            WHERE kind = ? ORDER BY id"""
+        rows = execute(self.db, sql, (self.kind,))
         return [
             {"id": i, "idempotency_key": k, "payload": json.loads(p), "created_at": t}
             for i, k, p, t in rows
@@ -213,41 +201,30 @@ class Outbox:
         if check_tx(tx, self.db, self.job).job is None:
             raise BadArgument("tx", "is not fenced: open it with Fence(db, job).guard(token)")
         row = (check_name(key, "key"), check_name(kind, "kind"), canonical(payload, "payload"))
-        rows = tx.execute(
-            "INSERT INTO outbox(key, kind, payload, epoch, generation, state, created_at) "
-            "VALUES (?, ?, ?, ?, ?, 'pending', ?) ON CONFLICT(key) DO NOTHING RETURNING key",
-            (*row, *tx.token, read_clock(self.clock)),
-        )
-        return bool(rows)
+        sql = """INSERT INTO outbox(key, kind, payload, epoch, generation, state, created_at)
+            VALUES (?, ?, ?, ?, ?, 'pending', ?) ON CONFLICT(key) DO NOTHING RETURNING key"""
+        return bool(tx.execute(sql, (*row, *tx.token, read_clock(self.clock))))
 
     def pending(self, kind: str | None = None) -> list[tuple[str, str, dict, int]]:
         """Pending rows (of ``kind``), oldest first, as ``(key, kind, payload, generation)``."""
         kind = None if kind is None else check_name(kind, "kind")
-        rows = execute(
-            self.db,
-            "SELECT key, kind, payload, generation FROM outbox WHERE state = 'pending' "
-            "AND (? IS NULL OR kind = ?) ORDER BY created_at, key",
-            (kind, kind),
-        )
+        sql = """SELECT key, kind, payload, generation FROM outbox WHERE state = 'pending'
+            AND (? IS NULL OR kind = ?) ORDER BY created_at, key"""
+        rows = execute(self.db, sql, (kind, kind))
         return [(k, kd, json.loads(p), g) for k, kd, p, g in rows]
 
     def mark_sent(self, key: str, provider_id: int) -> bool:
         """Mark ``key`` sent by one conditional UPDATE; False if it was not pending."""
         key = check_name(key, "key")
         provider_id = check_number(provider_id, "provider_id", integer=True, high=MAX_INT)
-        now = read_clock(self.clock)
+        sql = """UPDATE outbox SET state = 'sent', provider_id = ?, sent_at = ?
+            WHERE key = ? AND state = 'pending'"""
+        row = (provider_id, read_clock(self.clock), key)
         with transaction(self.db):
-            changed = rowcount(
-                self.db,
-                "UPDATE outbox SET state = 'sent', provider_id = ?, sent_at = ? "
-                "WHERE key = ? AND state = 'pending'",
-                (provider_id, now, key),
-            )
-        return changed == 1
+            return rowcount(self.db, sql, row) == 1
 
     def relay(self, provider: _Provider) -> list[str]:
         """Deliver each pending row of ``provider.kind`` under its key, mark it; return keys marked.
-
         After a crash between the two, the next relay delivers again and the provider replays."""
         done = []
         for key, _kind, payload, _generation in self.pending(provider.kind):
@@ -272,9 +249,7 @@ class Outbox:
 
 class ETagStore:
     """Objects replaced by compare-and-set on an ETag (a hash of the content).
-
-    An ETag is not ordered (old content brings its old ETag back), nor a right to write.
-    """
+    An ETag is not ordered (old content brings its old ETag back), nor a right to write."""
 
     def __init__(self, db) -> None:
         self.db = db

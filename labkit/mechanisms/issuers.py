@@ -2,8 +2,7 @@
 
 A failover to a lagging replica (:class:`ReplicatedIssuer`), a :func:`restore` and a
 :func:`naive_cleanup` all hand numbers out again. The repair: tokens ``(epoch, counter)``
-from :class:`EpochIssuer`, each new epoch from a durable :class:`EpochAuthority`.
-"""
+from :class:`EpochIssuer`, each new epoch from a durable :class:`EpochAuthority`."""
 
 import sqlite3
 
@@ -35,12 +34,9 @@ def _ensure(db) -> None:
 
 def _advance(db, name: str, step: int = 1) -> tuple[int, int]:
     """Add ``step`` to ``name``'s counter (a new row starts at epoch 0); return the token."""
-    return execute(
-        db,
-        "INSERT INTO epoch_counter(name, epoch, counter) VALUES (:name, 0, :step) "
-        "ON CONFLICT(name) DO UPDATE SET counter = counter + :step RETURNING epoch, counter",
-        {"name": name, "step": step},
-    )[0]
+    sql = """INSERT INTO epoch_counter(name, epoch, counter) VALUES (:name, 0, :step)
+        ON CONFLICT(name) DO UPDATE SET counter = counter + :step RETURNING epoch, counter"""
+    return execute(db, sql, {"name": name, "step": step})[0]
 
 
 class EpochAuthority:
@@ -52,13 +48,11 @@ class EpochAuthority:
 
     def next_epoch(self, name: str) -> int:
         """Commit and return an epoch above every epoch this authority gave ``name``."""
+        name = check_name(name, "name")
+        sql = """INSERT INTO epochs(name, epoch) VALUES (?, 1)
+            ON CONFLICT(name) DO UPDATE SET epoch = epoch + 1 RETURNING epoch"""
         with transaction(self.db):
-            return execute(
-                self.db,
-                "INSERT INTO epochs(name, epoch) VALUES (?, 1) "
-                "ON CONFLICT(name) DO UPDATE SET epoch = epoch + 1 RETURNING epoch",
-                (check_name(name, "name"),),
-            )[0][0]
+            return execute(self.db, sql, (name,))[0][0]
 
     def current(self, name: str) -> int:
         """Return the last epoch given to ``name`` (0 if none)."""
@@ -69,7 +63,6 @@ class EpochAuthority:
 
 class EpochIssuer:
     """Tokens ``(epoch, counter)`` from one row, shown as a plain int in epoch 0.
-
     After a failover or a restore, call :meth:`start_epoch` before issuing again."""
 
     def __init__(self, db, name: str) -> None:
@@ -82,18 +75,14 @@ class EpochIssuer:
             return show(_advance(self.db, self.name))
 
     def start_epoch(self, authority: EpochAuthority) -> int:
-        """Take a new epoch from ``authority``, restart the counter in it, and return it.
-
-        Raises BadArgument if the row's epoch is not below the new one (the wrong authority)."""
+        """Take a new epoch from ``authority``, restart the counter in it, and return it; raises
+        BadArgument if the row's epoch is not below the new one (the wrong authority)."""
         epoch = check_type(authority, EpochAuthority, "authority").next_epoch(self.name)
+        sql = """INSERT INTO epoch_counter(name, epoch, counter) VALUES (:name, :epoch, 0)
+            ON CONFLICT(name) DO UPDATE SET epoch = :epoch, counter = 0 WHERE epoch < :epoch
+            RETURNING epoch"""
         with transaction(self.db):
-            moved = execute(
-                self.db,
-                "INSERT INTO epoch_counter(name, epoch, counter) VALUES (:name, :epoch, 0) "
-                "ON CONFLICT(name) DO UPDATE SET epoch = :epoch, counter = 0 "
-                "WHERE epoch < :epoch RETURNING epoch",
-                {"epoch": epoch, "name": self.name},
-            )
+            moved = execute(self.db, sql, {"epoch": epoch, "name": self.name})
         if not moved:
             raise BadArgument("authority", f"epoch {epoch} is not above this issuer's epoch")
         return epoch
@@ -133,11 +122,8 @@ class ReplicatedIssuer:
         """Commit the next token on the primary, log it for the replica, and return it."""
         with transaction(self.primary):
             epoch, counter = _advance(self.primary, self.name)
-            execute(
-                self.primary,
-                "INSERT INTO repl_log(name, epoch, counter, committed_at) VALUES (?, ?, ?, ?)",
-                (self.name, epoch, counter, read_clock(self.clock)),
-            )
+            sql = "INSERT INTO repl_log(name, epoch, counter, committed_at) VALUES (?, ?, ?, ?)"
+            execute(self.primary, sql, (self.name, epoch, counter, read_clock(self.clock)))
         return show((epoch, counter))
 
     def _applied(self) -> int:
@@ -148,12 +134,9 @@ class ReplicatedIssuer:
         """Apply every log entry at least ``lag`` seconds old to the replica; return how many."""
         if self.replica is None:
             return 0
-        due = execute(
-            self.primary,
-            "SELECT seq, name, epoch, counter FROM repl_log "
-            "WHERE seq > ? AND committed_at + ? <= ? ORDER BY seq",
-            (self._applied(), self.lag, read_clock(self.clock)),
-        )
+        sql = """SELECT seq, name, epoch, counter FROM repl_log
+            WHERE seq > ? AND committed_at + ? <= ? ORDER BY seq"""
+        due = execute(self.primary, sql, (self._applied(), self.lag, read_clock(self.clock)))
         with transaction(self.replica):
             for seq, *row in due:
                 execute(self.replica, "INSERT OR REPLACE INTO epoch_counter VALUES (?, ?, ?)", row)
@@ -221,7 +204,6 @@ def naive_cleanup(db, clock: Clock, name: str) -> int:
 
 def bump_is_safe(restored, constant: int, highest_issued) -> bool:
     """Whether ``restored + constant >= highest_issued``: the next token is above every old one.
-
     The catch: after a disaster ``highest_issued`` is exactly the number that was lost."""
     restored, highest = token(restored, "restored"), token(highest_issued, "highest_issued")
     constant = check_number(constant, "constant", integer=True, high=MAX_INT)

@@ -2,8 +2,7 @@
 
 :class:`Claims` changes a job's row by conditional statements only, and the sweeper requeues
 a stale claim only if it is unchanged. :func:`produce` keys each unit by its
-:func:`operation_key`, so a retry never repeats one.
-"""
+:func:`operation_key`, so a retry never repeats one."""
 
 from dataclasses import dataclass
 from typing import Any
@@ -31,8 +30,7 @@ class Claim:
 
     Attributes: job, owner (None while queued), generation (the claimer's fencing token), state
     (``"queued"``, ``"claimed"`` or ``"done"``), progress (units checkpointed), updated_at (the
-    authority's time of the last change), version (bumped by every change: "unchanged" test).
-    """
+    authority's time of the last change), version (bumped by every change: "unchanged" test)."""
 
     job: str
     owner: str | None
@@ -81,13 +79,10 @@ class Claims:
     def enqueue(self, job: str) -> Claim:
         """Create ``job``'s claim row as queued (no-op if it exists); return the row."""
         job, now = check_name(job, "job"), read_clock(self.clock)
+        sql = """INSERT INTO claims(job, state, updated_at) VALUES (?, 'queued', ?)
+            ON CONFLICT(job) DO NOTHING"""
         with transaction(self.db):
-            execute(
-                self.db,
-                "INSERT INTO claims(job, state, updated_at) VALUES (?, 'queued', ?) "
-                "ON CONFLICT(job) DO NOTHING",
-                (job, now),
-            )
+            execute(self.db, sql, (job, now))
         return self.get(job)
 
     def claim(self, job: str, owner: str, generation: int) -> Claim | None:
@@ -102,7 +97,6 @@ class Claims:
 
     def checkpoint(self, claim: Claim, progress: int, *, tx: Tx | None = None) -> Claim:
         """Record ``progress`` for a claim its owner still holds (``tx``: join that transaction).
-
         Raises LeaseLost if the claim was requeued, finished or taken by someone else."""
         progress = check_number(progress, "progress", integer=True, high=MAX_INT)
         return self._mine(claim, "progress = :progress", {"progress": progress}, tx)
@@ -132,12 +126,9 @@ class Claims:
     def stale(self, older_than: float) -> list[Claim]:
         """Unfinished claims not changed for at least ``older_than`` seconds (a read)."""
         cutoff = read_clock(self.clock) - check_number(older_than, "older_than")
-        rows = execute(
-            self.db,
-            f"SELECT {_COLUMNS} FROM claims WHERE state = 'claimed' AND updated_at <= ? "
-            "ORDER BY job",
-            (cutoff,),
-        )
+        sql = f"""SELECT {_COLUMNS} FROM claims WHERE state = 'claimed' AND updated_at <= ?
+            ORDER BY job"""
+        rows = execute(self.db, sql, (cutoff,))
         return [Claim(*r) for r in rows]
 
     def requeue(self, seen: Claim) -> bool:
@@ -158,8 +149,7 @@ def produce(
     """Insert the invoice ``unit@generation`` once, fenced and keyed; True if this call did.
 
     With :class:`Claims` ``claims`` and an int ``progress``, the checkpoint commits in the
-    same transaction. StaleGeneration or LeaseLost (the checkpoint's) leave nothing written.
-    """
+    same transaction. StaleGeneration or LeaseLost (the checkpoint's) leave nothing written."""
     fence, claim = check_type(fence, Fence, "fence"), check_type(claim, Claim, "claim")
     unit = check_name(unit, "unit")
     amount = check_number(amount, "amount", integer=True, high=MAX_INT)
@@ -168,10 +158,8 @@ def produce(
     invoice, produced = f"{unit}@{claim.generation}", []
 
     def effect(tx: Tx) -> str:
-        tx.execute(
-            "INSERT INTO invoices(job_id, invoice_id, amount, generation) VALUES (?, ?, ?, ?)",
-            (fence.job, invoice, amount, claim.generation),
-        )
+        sql = "INSERT INTO invoices(job_id, invoice_id, amount, generation) VALUES (?, ?, ?, ?)"
+        tx.execute(sql, (fence.job, invoice, amount, claim.generation))
         produced.append(invoice)
         return invoice
 

@@ -2,8 +2,7 @@
 
 :class:`LeaseKeeper` counts a lease from the request's SEND time on the holder's clock.
 :class:`VersionLease` never compares clock readings across hosts: it waits a whole
-lease duration locally and claims only if the version did not move.
-"""
+lease duration locally and claims only if the version did not move."""
 
 import math
 from dataclasses import dataclass, replace
@@ -110,8 +109,7 @@ def backoff(attempt: int, *, base: float, cap: float, rng) -> float:
     """Seconds to sleep before retry ``attempt`` (0, 1, ...): "full jitter" exponential backoff.
 
     ``rng.uniform(0, min(cap, base * 2**attempt))``, as in the AWS Architecture Blog's
-    "Exponential Backoff And Jitter"; ``rng`` is anything with ``uniform(a, b)``.
-    """
+    "Exponential Backoff And Jitter"; ``rng`` is anything with ``uniform(a, b)``."""
     attempt = check_number(attempt, "attempt", integer=True)
     base, cap = check_number(base, "base", positive=True), check_number(cap, "cap", positive=True)
     if not callable(getattr(rng, "uniform", None)):
@@ -129,8 +127,7 @@ class Seen:
 
     Attributes: name, owner (None when free), generation (the holder's fencing token),
     version (bumped by every claim, heartbeat and release), duration (s), and seen_at (the
-    observer's local time of the observation).
-    """
+    observer's local time of the observation)."""
 
     name: str
     owner: str | None
@@ -144,8 +141,7 @@ class VersionLease:
     """The version-wait protocol: claim only after a whole unchanged lease duration.
 
     Only local elapsed time counts (bounded drift is still assumed). A paused holder
-    does not notice its lapse, so writes still need the fence: ``generation`` is the token.
-    """
+    does not notice its lapse, so writes still need the fence: ``generation`` is the token."""
 
     def __init__(self, db, clock: Clock) -> None:
         self.db, self.clock = db, check_clock(clock)
@@ -154,11 +150,8 @@ class VersionLease:
     def observe(self, name: str) -> Seen:
         """Read the record of ``name`` (a free one if none) and stamp it with the local time."""
         name = check_name(name, "name")
-        rows = execute(
-            self.db,
-            "SELECT owner, generation, version, duration FROM version_leases WHERE name = ?",
-            (name,),
-        )
+        sql = "SELECT owner, generation, version, duration FROM version_leases WHERE name = ?"
+        rows = execute(self.db, sql, (name,))
         return Seen(name, *(rows[0] if rows else (None, 0, 0, 0.0)), read_clock(self.clock))
 
     def waited(self, seen: Seen) -> float:
@@ -171,7 +164,6 @@ class VersionLease:
 
     def claim(self, seen: Seen, owner: str, *, duration: float) -> Seen | None:
         """Claim the lease if its version is still ``seen.version``; return the new record or None.
-
         Raises BadArgument if ``seen`` was held and its duration has not passed yet."""
         owner = check_name(owner, "owner")
         duration = check_number(duration, "duration", positive=True)
@@ -180,16 +172,13 @@ class VersionLease:
             raise BadArgument(
                 "seen", f"waited {self.waited(seen):g} s of the record's {seen.duration:g} s"
             )
+        sql = """INSERT INTO version_leases VALUES (:name, :owner, 1, 1, :duration)
+            ON CONFLICT(name) DO UPDATE SET owner = :owner, generation = generation + 1,
+                version = version + 1, duration = :duration
+            WHERE version = :seen RETURNING generation, version"""
+        params = {"owner": owner, "duration": duration, "name": seen.name, "seen": seen.version}
         with transaction(self.db):
-            rows = execute(
-                self.db,
-                """
-                INSERT INTO version_leases VALUES (:name, :owner, 1, 1, :duration)
-                ON CONFLICT(name) DO UPDATE SET owner = :owner, generation = generation + 1,
-                    version = version + 1, duration = :duration
-                WHERE version = :seen RETURNING generation, version""",
-                {"owner": owner, "duration": duration, "name": seen.name, "seen": seen.version},
-            )
+            rows = execute(self.db, sql, params)
         if not rows:
             return None
         return Seen(seen.name, owner, *rows[0], duration, read_clock(self.clock))
@@ -207,13 +196,10 @@ class VersionLease:
             raise BadArgumentType(
                 "mine", f"must be the Seen of claim() or heartbeat(), got {mine!r}"[:120]
             )
+        sql = f"""UPDATE version_leases SET {assignment}
+            WHERE name = ? AND owner = ? AND generation = ? RETURNING version"""
         with transaction(self.db):
-            rows = execute(
-                self.db,
-                f"UPDATE version_leases SET {assignment} "
-                "WHERE name = ? AND owner = ? AND generation = ? RETURNING version",
-                (mine.name, mine.owner, mine.generation),
-            )
+            rows = execute(self.db, sql, (mine.name, mine.owner, mine.generation))
         if not rows:
             return None
         return replace(mine, version=rows[0][0], seen_at=read_clock(self.clock))

@@ -1,12 +1,10 @@
 """Chaos: real faults thrown at real worker processes, judged from the recorded history.
 
-``python -m labkit.chaos --workers N --seconds S [--seed K] [--unprotected]`` runs N workers
-on one SQLite file while this process, the nemesis, plays a plan that is a pure function of
-the seed (:func:`schedule`); then :func:`labkit.sim.check` judges the history. Exit status:
-0 no violation; 1 violations (what ``--unprotected``, no fence and no keys, must show); 2 the
-run did not do its job (a worker crashed by itself, no holder was frozen past its lease, or
-no kill landed inside a transaction). Real time is read on purpose.
-"""
+``python -m labkit.chaos --workers N --seconds S [--seed K] [--unprotected]``: N workers share
+one SQLite file while the nemesis plays :func:`schedule` (a pure function of the seed). Exit 0:
+no violation; 1: violations (what ``--unprotected`` must show); 2: the run did not do its job (a
+worker crashed by itself, no holder was frozen past its lease, or no kill landed inside a
+transaction). Real time is read on purpose."""
 
 import argparse
 import hashlib
@@ -33,9 +31,8 @@ TTL = 0.4  # the workers' lease, in seconds
 @dataclass(frozen=True, slots=True)
 class Action:
     """One step of the nemesis's plan: at ``at`` seconds, a ``kind`` (``"pause"``, ``"kill"``,
-    ``"freeze_holder"``: SIGSTOP it between its read and its first write until a successor has
-    committed above it, ``"kill_in_tx"``: SIGKILL it only inside ``BEGIN IMMEDIATE``) of a
-    ``worker`` (-1: the holder), for ``seconds`` (frozen, or dead before the restart)."""
+    ``"freeze_holder"``: SIGSTOP it at work until a successor commits above it, ``"kill_in_tx"``:
+    SIGKILL it only inside ``BEGIN IMMEDIATE``) of a ``worker`` (-1: the holder) for ``seconds``."""
 
     at: float
     kind: str
@@ -46,8 +43,7 @@ class Action:
 def schedule(seed: int, *, workers: int, seconds: float, ttl: float) -> tuple[Action, ...]:
     """The nemesis's plan, a pure function of its arguments, sorted by time: a holder freeze at
     12-25% of the run, a kill in a transaction at 30-45%, then pauses (50 ms to three leases,
-    log-uniform), kills, freezes and kills in transactions until 70% (the last two are retried
-    until they land)."""
+    log-uniform), kills, freezes and kills in transactions until 70%."""
     rng = random.Random(seed)
     first = round(seconds * rng.uniform(0.12, 0.25), 3)
     plan = [Action(first, "freeze_holder", -1, round(ttl * rng.uniform(3, 5), 3))]

@@ -1,9 +1,7 @@
 """Live: real worker processes on one SQLite file, in real time, in front of an audience.
 
-:func:`run_demo` plays the story in one cell: A is frozen (SIGSTOP) holding the lease, B takes
-over and commits, A is thawed and its stale write bounces off the fence or lands. :class:`Demo`
-is a :class:`~labkit.processes.team.Team` paced for human eyes.
-"""
+:func:`run_demo` plays the story in one cell: A is frozen holding the lease, B takes over and
+commits, A is thawed and its stale write bounces off the fence or lands."""
 
 import io
 import os
@@ -55,7 +53,6 @@ class Demo(Team):
 
 def run_demo(seconds=None, *, protected=True, show=True, root=None):
     """Play the story with two real processes and a live timeline, then stop them all.
-
     It runs ``seconds`` (default ``$LABKIT_LIVE_SECONDS``, else 20) with leases of a tenth of
     that (0.5 to 2 s) and returns the stopped :class:`Demo` (``history()``, ``check()``,
     ``story``). An interrupted cell stops every process before the KeyboardInterrupt leaves."""

@@ -1,10 +1,9 @@
 """A team of real worker processes on one SQLite file, and the hands to hurt them.
 
 :class:`Team` starts, freezes (SIGSTOP), thaws, kills (SIGKILL) and restarts its workers and
-reads back what happened. They are stopped by :meth:`Team.stop`, at interpreter exit and by
-Linux if the parent dies (``PR_SET_PDEATHSIG``, tied to the starting thread: start teams from a
-long-lived one); a member's ``$LABKIT_SCRATCH`` goes when it is reaped. Real time on purpose.
-"""
+reads back what happened. Workers stop with :meth:`Team.stop`, at exit, or when the parent dies
+(``PR_SET_PDEATHSIG`` is tied to the starting thread: start teams from a long-lived one).
+Real time is read on purpose."""
 
 from __future__ import annotations
 

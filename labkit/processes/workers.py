@@ -1,11 +1,9 @@
 """Real worker processes on one SQLite file: the invoice job, for real.
 
 Each worker (``python -m labkit.processes.workers SPEC``) repeats: acquire, raise the fence,
-read, work, then per invoice write and renew, release. Protected, a write is ``Fence.guard``,
-a check of its own lease deadline and ``run_once`` with a key; unprotected, a plain upsert.
-A write adds its charge to ``invoice_lines`` (the committed writes); other events go to a
-per-process JSON-lines journal. Real time is read on purpose.
-"""
+read, work, then per invoice write and renew, release. Protected, a write is ``Fence.guard``, a
+check of its own deadline and ``run_once``; unprotected, a plain upsert. Committed writes go to
+``invoice_lines``, other events to a JSON-lines journal per process. Real time on purpose."""
 
 import contextlib
 import ctypes

@@ -128,7 +128,6 @@ def bypass_writer(sim, *, protected, pause=30.0, ttl=10.0):
 @scenario
 def lock_wait(sim, *, protected, hold=30.0, ttl=10.0):
     """Lesson 02: A stops inside its write, holding SQLite's file lock; B waits, then renews.
-
     Protected, each worker renews before more protected work and stops if refused."""
 
     def step(w, lease, invoice, base, read=True):

@@ -95,9 +95,8 @@ def backup_restore(
     def ops():
         yield sim.env.timeout(restore_at)
         restore(store, sim.path("nightly"))
-        sim.record(
-            "ops", "restore", generation=issuer.current(), target="authority from nightly backup"
-        )
+        restored = issuer.current()
+        sim.record("ops", "restore", generation=restored, target="authority from nightly backup")
         if protected:
             epoch = issuer.start_epoch(durable)
             sim.record("ops", "restore", generation=(epoch, 0), target="new epoch")

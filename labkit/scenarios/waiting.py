@@ -57,8 +57,7 @@ def herd(
 
     Unprotected, losers retry every ``poll`` s in lockstep; ``"jitter"`` backs off (full jitter,
     ``base``/``cap``), ``"watch"`` wakes one waiter per release; all give up after ``horizon`` s.
-    ``tables["herd"]`` and ``tables["herd_seconds"]`` are SQL views counting ``herd_log``.
-    """
+    ``tables["herd"]`` and ``tables["herd_seconds"]`` are SQL views counting ``herd_log``."""
     n = check_number(contenders, "contenders", integer=True, low=1, high=5000)
     if strategy not in ("jitter", "watch"):
         raise BadArgument("strategy", f"must be 'jitter' or 'watch', got {strategy!r}")

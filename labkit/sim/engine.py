@@ -24,8 +24,7 @@ A scenario has this shape (every scenario in :mod:`labkit.scenarios` has)::
 
     result = stale_writer(protected=False)   # a Result; knobs: {"pause": 30.0, "ttl": 10.0}
 
-:func:`play` runs a scenario, optionally paced in wall-clock time for the live replay.
-"""
+:func:`play` runs a scenario, optionally paced in wall-clock time for the live replay."""
 
 import functools
 import inspect
@@ -54,8 +53,7 @@ SCENARIOS: dict[str, Callable[..., "Result"]] = {}
 class Result:
     """What one run of a scenario did: ``params`` (the knobs, ``protected`` and ``seed``),
     ``history`` (a tuple of events), ``tables`` (name -> row dicts, read from the real files
-    at the end), ``violations`` (what :func:`labkit.check` found) and a one-line ``verdict``.
-    """
+    at the end), ``violations`` (what :func:`labkit.check` found) and a one-line ``verdict``."""
 
     params: dict
     history: tuple = field(repr=False)
@@ -79,13 +77,11 @@ class Sim:
     folder, ``rng = Random(seed)`` (the only randomness a scenario may use), the lease
     ``authority`` on the virtual ``clock``, the ``history``, and ``layout`` (table -> database).
 
-    Example:
-        >>> with Sim(seed=0) as sim:
-        ...     w = sim.worker("A")
-        ...     _ = sim.start(w, lambda w: (yield from w.acquire(10)))
-        ...     sim.run()
-        ...     [(e.worker, e.action, e.outcome, e.generation) for e in sim.history]
-        [('A', 'acquire', 'ok', 1)]
+    >>> with Sim(seed=0) as sim:
+    ...     _ = sim.start(sim.worker("A"), lambda w: (yield from w.acquire(10)))
+    ...     sim.run()
+    ...     [(e.worker, e.action, e.outcome, e.generation) for e in sim.history]
+    [('A', 'acquire', 'ok', 1)]
     """
 
     def __init__(self, *, seed: int = 0, factor: float | None = None, earlier_holders: int = 0):
@@ -138,10 +134,8 @@ class Sim:
         return self.workers[name]
 
     def start(self, worker: Worker, body: Callable, *args, at: float = 0.0, **kwargs):
-        """Run ``body(worker, *args, **kwargs)`` (a generator function) from virtual time ``at``.
-
-        A :class:`Crashed` escaping the body ends that worker for good.
-        """
+        """Run ``body(worker, *args, **kwargs)`` (a generator function) from virtual time ``at``;
+        a :class:`Crashed` escaping the body ends that worker for good."""
 
         def life():
             if at > self.env.now:
@@ -191,10 +185,8 @@ class Sim:
 def scenario(builder: Callable) -> Callable[..., Result]:
     """Make ``builder(sim, *, protected, **knobs)`` a scenario ``f(*, protected, seed, **knobs)``.
 
-    The knobs are the builder's keyword-only parameters, kept in ``f.knobs``, and
-    ``f`` is registered in :data:`SCENARIOS`. The builder may return
-    ``wording(history, violations, tables) -> str | None`` for the verdict.
-    """
+    Its keyword-only parameters are the knobs (``f.knobs``); ``f`` joins :data:`SCENARIOS`. The
+    builder may return ``wording(history, violations, tables) -> str | None`` for the verdict."""
     params = inspect.signature(builder).parameters
     knobs = {
         k: p.default for k, p in params.items() if p.kind is p.KEYWORD_ONLY and k != "protected"
@@ -223,9 +215,8 @@ def _knob(name: str, value, default):
     """A number knob is >= 0 (> 0 in POSITIVE_KNOBS), an int if its default is; no more."""
     if isinstance(default, bool) or not isinstance(default, (int, float)):
         return value
-    return check_number(
-        value, name, integer=isinstance(default, int), positive=name in POSITIVE_KNOBS
-    )
+    whole = isinstance(default, int)
+    return check_number(value, name, integer=whole, positive=name in POSITIVE_KNOBS)
 
 
 def play(
@@ -240,9 +231,8 @@ def play(
 ) -> Result:
     """Run scenario ``f`` once and return its :class:`Result`; unknown knobs are a ``BadArgument``.
 
-    With ``factor`` wall seconds per virtual second, and ``step(sim)`` called every
-    ``every`` virtual seconds and at the end (the live replay draws from it).
-    """
+    ``factor``: wall seconds per virtual second; ``step(sim)`` is called every ``every`` virtual
+    seconds and at the end (the live replay draws from it)."""
     if not isinstance(protected, bool):
         raise BadArgumentType("protected", f"must be True or False, got {type(protected).__name__}")
     unknown = sorted(set(given) - set(f.knobs))

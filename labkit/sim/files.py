@@ -1,11 +1,8 @@
 """A simulation's SQLite files: a throwaway folder of real files, written from templates.
 
-The folder is in ``/dev/shm`` when there is one (memory-backed, still real files with real
-locks), else in the temporary folder. A process builds each template once and keeps its bytes
-in memory: writing two small files is much cheaper than building them for every run, and no
-template folder can outlive the process. A folder's name carries the pid that made it; a killed
-process cannot remove its own, so the next process to make files removes those of dead ones.
-"""
+The folder is in ``/dev/shm`` when there is one (real files and locks, in memory). Each process
+builds a template once and keeps its bytes in memory. A folder's name carries the pid that made
+it, so the next process removes the folders that killed processes left."""
 
 import os
 import shutil
@@ -24,11 +21,8 @@ _TEMPLATES: dict[int, dict[str, bytes]] = {}  # earlier holders -> file name -> 
 
 
 def new_folder(earlier_holders: int) -> Path:
-    """A new folder with ``authority.db`` and ``resource.db``; the caller deletes it.
-
-    ``authority.db`` has issued ``earlier_holders`` generations of the lease
-    (each acquired and released at t=0); ``resource.db`` has the job's fence row at 0.
-    """
+    """A new folder whose ``authority.db`` has issued ``earlier_holders`` generations (released at
+    t=0) and whose ``resource.db`` has the job's fence row at 0; the caller deletes it."""
     if not _TEMPLATES:
         _sweep()
     folder = Path(tempfile.mkdtemp(prefix=f"labkit-sim-{os.getpid()}-", dir=_root()))
@@ -62,8 +56,8 @@ def connect_file(path: str):
 
 
 def _root() -> str | None:
-    """``$LABKIT_SCRATCH`` if set (a process team's member: the team removes it when it reaps
-    the member), else ``/dev/shm`` when there is one we may write to, else None (the temp dir)."""
+    """``$LABKIT_SCRATCH`` if set (a team member's, removed when it is reaped), else ``/dev/shm``
+    if writable, else None (the temp dir)."""
     shm = os.environ.get("LABKIT_SCRATCH") or "/dev/shm"
     return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
 

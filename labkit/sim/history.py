@@ -1,18 +1,15 @@
 """Histories: what every worker tried and what the system answered; their checker and verdict.
 
-:func:`check` reads only the answers the system gave (``ok`` means committed)
-and the order and tokens of attempts; :func:`describe` words the result in one line.
-Vocabulary (``action``: ``outcome``):
+:func:`check` reads only the answers the system gave (``ok`` means committed) and the order
+and tokens of attempts; :func:`describe` words the result in one line. Outcomes by action
+(:class:`Event` says what its fields mean):
 
-* ``acquire``, ``renew``: ``ok`` (``until`` = the expiry at the authority), ``held``, ``lost``;
-  ``release``: ``ok`` or ``lost``.
-* :data:`EFFECTS` (``target`` = what changed, ``key`` = the operation key, ``began`` = when its
-  transaction took the write lock): ``ok``, ``rejected`` (a fence, lease check or CAS),
-  ``duplicate`` (a key), ``crashed`` or ``aborted``.
+* ``acquire``, ``renew``: ``ok``, ``held`` or ``lost``; ``release``: ``ok`` or ``lost``.
+* :data:`EFFECTS`: ``ok``, ``rejected`` (a fence, lease check or CAS), ``duplicate`` (a key),
+  ``crashed`` or ``aborted``.
 * ``read`` (``ok``: saw ``target``'s committed state) and ``raise`` (``ok``: the fence committed
   at ``generation``) order a successor's first action and a writer's view; ``wait``, ``pause``,
-  ``resume`` and ``crash`` are informational.
-"""
+  ``resume`` and ``crash`` are informational."""
 
 import math
 from dataclasses import dataclass
@@ -47,8 +44,7 @@ class Event:
         key: the operation key, if any (idempotency), else None.
         target: what was leased or changed, e.g. ``"invoice-run"`` or ``"INV-1"``.
         until: for ``acquire``/``renew`` the authority's expiry; for ``pause`` its end.
-        began: for an effect, when its transaction began, if before ``time`` (None: at ``time``).
-    """
+        began: for an effect, when its transaction began, if before ``time`` (None: at ``time``)."""
 
     time: float
     worker: str
@@ -84,9 +80,8 @@ _NOT_TOKEN = "not an int or an (epoch, counter) pair"
 def _checked(history: Iterable[Event], final) -> list[Event]:
     """The events in time order (stable), after checking them and ``final``."""
     if isinstance(history, (str, bytes, Mapping)) or not hasattr(history, "__iter__"):
-        raise BadArgumentType(
-            "history", f"must be an iterable of Event, got {type(history).__name__}"
-        )
+        kind = type(history).__name__
+        raise BadArgumentType("history", f"must be an iterable of Event, got {kind}")
     events = list(history)
     for i, e in enumerate(events):
         if not isinstance(e, Event):
@@ -100,9 +95,8 @@ def _checked(history: Iterable[Event], final) -> list[Event]:
             raise BadArgument("history", f"{what} generation {e.generation!r}, {_NOT_TOKEN}")
     if final is not None:
         if not isinstance(final, Mapping):
-            raise BadArgumentType(
-                "final", f"must be a mapping {{target: generation}}, got {type(final).__name__}"
-            )
+            kind = type(final).__name__
+            raise BadArgumentType("final", f"must be a mapping {{target: generation}}, got {kind}")
         for target, value in final.items():
             if value is not None and not _is_token(value):
                 raise BadArgument("final", f"{target!r} holds {value!r}, {_NOT_TOKEN}")
@@ -128,10 +122,9 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
             the successor's grant is still racing it) may commit late: the fence orders it.
         foreign_release: a release or renewal that succeeded for a worker not holding the lease.
 
-    Example:
-        >>> check([Event(0, "B", "write", "ok", 8, target="INV-1"),
-        ...        Event(1, "A", "write", "ok", 7, target="INV-2")])[0].kind
-        'stale_accepted'
+    >>> check([Event(0, "B", "write", "ok", 8, target="INV-1"),
+    ...        Event(1, "A", "write", "ok", 7, target="INV-2")])[0].kind
+    'stale_accepted'
     """
     events = _checked(history, final)
     found: list[Violation] = []
@@ -224,15 +217,14 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
                     f"{e.worker} committed a {e.action} at t={e.time:g}, "
                     f"after its lease {how} at t={end:g}",
                 )
-    for target, (_, e) in last_write.items():
-        if final is not None and (
-            final.get(target) is None or token(final[target]) != token(e.generation)
-        ):
+    for target, (_, e) in last_write.items() if final is not None else ():
+        held = final.get(target)
+        if held is None or token(held) != token(e.generation):
             flag(
                 "lost_update",
                 e,
                 f"{target}: committed by {e.worker} with generation "
-                f"{e.generation}, but the table holds {final.get(target)}",
+                f"{e.generation}, but the table holds {held}",
             )
     return found
 

@@ -1,8 +1,5 @@
-"""Steps several scenarios share: seeded amounts and work times, and the token-carrying moves.
-
-From lesson 04 on, a token may be an ``(epoch, n)`` pair: :func:`with_tokens` lets invoices
-carry one, and :func:`acquire_token` and :func:`release_with_token` record the token acted with.
-"""
+"""Steps several scenarios share: seeded amounts and work times, and the token-carrying moves
+(from lesson 04 on, a token may be an ``(epoch, n)`` pair)."""
 
 from labkit.db import execute
 from labkit.errors import LeaseLost

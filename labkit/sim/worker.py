@@ -1,9 +1,8 @@
 """A simulated worker: its own SQLite connections, its own clock, its planned faults.
 
-A locked database answers at once (``busy_timeout_ms=0``): the worker records a
-``wait`` and retries after ``sim.tick`` virtual seconds, so the waiting drawn is
-the waiting SQLite imposed. Methods that take virtual time are generators.
-"""
+A locked database answers at once: the worker records a ``wait`` and retries after ``sim.tick``
+virtual seconds, so the waiting drawn is the waiting SQLite imposed. Methods that take virtual
+time are generators."""
 
 import contextlib
 from typing import Any, Callable, Iterable
@@ -21,19 +20,15 @@ LEASE = "invoice-run"  # the lease's name at the authority
 
 
 def upsert_invoice(db, invoice: str, amount, generation, *, epoch=None) -> None:
-    """UPSERT one invoice row of :data:`JOB`: a later write replaces an earlier one, whatever
-    its generation (the resource with no protection of its own). ``epoch`` also writes that
-    column. Named parameters let a protected table's refusal say which generation it refused.
-    """
+    """UPSERT one invoice row of :data:`JOB`: a later write replaces an earlier one, whatever its
+    generation (the resource has no protection of its own); ``epoch`` also writes that column.
+    Named parameters let a protected table's refusal say which generation it refused."""
     row = {"amount": amount, "generation": generation} | ({} if epoch is None else {"epoch": epoch})
-    execute(
-        db,
-        f"INSERT INTO invoices(job_id, invoice_id, {', '.join(row)})"
-        f" VALUES (:job, :invoice, {', '.join(':' + c for c in row)})"
-        " ON CONFLICT(job_id, invoice_id) DO UPDATE SET "
-        + ", ".join(f"{c} = excluded.{c}" for c in row),
-        {"job": JOB, "invoice": invoice, **row},
-    )
+    columns, values = ", ".join(row), ", ".join(":" + c for c in row)
+    updates = ", ".join(f"{c} = excluded.{c}" for c in row)
+    sql = f"""INSERT INTO invoices(job_id, invoice_id, {columns}) VALUES (:job, :invoice, {values})
+        ON CONFLICT(job_id, invoice_id) DO UPDATE SET {updates}"""
+    execute(db, sql, {"job": JOB, "invoice": invoice, **row})
 
 
 class Crashed(LabkitError):
@@ -72,17 +67,16 @@ class Worker:
     authority; ``lose``, actions whose next response is lost (once per listed name), each
     raising :class:`NoResponse` after ``timeout`` s; ``offset`` and ``drift`` of its clock.
 
-    Example:
-        >>> from labkit.sim.engine import Sim
-        >>> def body(w):
-        ...     lease = yield from w.acquire(10)
-        ...     yield from w.point("after-read")
-        ...     yield from w.write("INV-1", 100, lease.generation)
-        >>> with Sim(seed=0) as sim:
-        ...     _ = sim.start(sim.worker("A", pauses={"after-read": 30}), body)
-        ...     sim.run()
-        ...     [(e.action, e.time) for e in sim.history]
-        [('acquire', 0.0), ('pause', 0.0), ('resume', 30.0), ('raise', 30.0), ('write', 30.0)]
+    >>> from labkit.sim.engine import Sim
+    >>> def body(w):
+    ...     lease = yield from w.acquire(10)
+    ...     yield from w.point("after-read")
+    ...     yield from w.write("INV-1", 100, lease.generation)
+    >>> with Sim(seed=0) as sim:
+    ...     _ = sim.start(sim.worker("A", pauses={"after-read": 30}), body)
+    ...     sim.run()
+    ...     [(e.action, e.time) for e in sim.history]
+    [('acquire', 0.0), ('pause', 0.0), ('resume', 30.0), ('raise', 30.0), ('write', 30.0)]
     """
 
     def __init__(
@@ -156,10 +150,8 @@ class Worker:
                 yield self.env.timeout(self.sim.tick)
 
     def wait_for_lock(self, db: str = "resource", target=None):
-        """Wait (recording ``wait`` events) until ``BEGIN IMMEDIATE`` on ``db`` would succeed now.
-
-        One worker runs at a time, so the lock stays free until the caller next yields.
-        """
+        """Wait (recording ``wait`` events) until ``BEGIN IMMEDIATE`` on ``db`` would succeed now;
+        one worker runs at a time, so the lock stays free until the caller next yields."""
         conn = self.connection(db)
         yield from self.locked(execute, conn, "BEGIN IMMEDIATE", target=target or db)
         execute(conn, "ROLLBACK")
@@ -198,10 +190,8 @@ class Worker:
 
     def acquire_when_free(self, ttl: float, poll=None, *, attempt=None, clock=None):
         """Try ``attempt()`` (default :meth:`acquire`) until it returns a lease; return the lease.
-
-        Between attempts it waits ``poll`` s, or until the holder's expiry in the
-        last ``held`` answer (read on ``clock``, default the sim's), at least a tick.
-        """
+        Between tries it waits ``poll`` s, or until the expiry in the last ``held`` answer (read
+        on ``clock``, default the sim's), at least a tick."""
         clock = clock or self.sim.clock
         while True:
             lease = yield from (attempt() if attempt else self.acquire(ttl))
@@ -250,13 +240,9 @@ class Worker:
     def write(
         self, invoice: str, amount, generation, *, fenced=True, inside="inside-write", read=False
     ):
-        """Upsert one invoice in one transaction, through the fence when ``fenced``; return the
-        outcome, ``"ok"`` or ``"rejected"``.
-
-        Inside the open transaction it passes point ``inside`` (a pause there holds the lock);
-        ``read`` reads the invoice first. After :func:`~labkit.sim.steps.with_tokens`,
-        ``generation`` may be an ``(epoch, n)`` token.
-        """
+        """Upsert one invoice in one transaction, through the fence when ``fenced``; return
+        ``"ok"`` or ``"rejected"``. Inside it passes point ``inside`` (a pause there holds the
+        lock); ``read`` reads the invoice first; ``generation`` may be an ``(epoch, n)`` token."""
         yield from self.wait_for_lock(target=invoice)
         epoch, n = None, generation
         if self.sim.epochs:

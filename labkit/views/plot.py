@@ -1,8 +1,7 @@
 """Pictures of scenario runs: a timeline per run, an outcome map over two knobs, a verdict table.
 
-The timeline's artists are shared with the panel's renderer (:mod:`labkit.views.widgets`).
-Helpers take ``ax=None`` and return the axes; only :class:`present` changes settings.
-"""
+The panel's renderer (:mod:`labkit.views.widgets`) shares the timeline's artists. Helpers take
+``ax=None`` and return the axes; only :class:`present` changes settings."""
 
 import functools
 import math
@@ -38,9 +37,8 @@ _MARK_LABELS = {
 
 
 def _inch(name: str) -> float:
-    """A layout length in inches, scaled with the font size (presenter mode makes everything
-    bigger) but the width, which stays near a notebook output's, so the browser shows text
-    at the size drawn; bigger text makes the legend take fewer columns and more rows."""
+    """A layout length in inches, scaled with the font size, but the width, which stays near a
+    notebook output's (so the browser shows text at the size drawn)."""
     scale = max(1.0, mpl.rcParams["font.size"] / 10.0)
     if name == "bottom":
         return scale * (0.85 + 0.2 * math.ceil((len(_MARK_LABELS) + 5) / _columns()))
@@ -138,12 +136,8 @@ def _place(ax, sc) -> list:
     """Each label's offset from its anchor in points and its box in display pixels, so that no
     two labels, nor a label and a write marker, overlap.
 
-    A greedy pass over the glyph outlines' extents: each label, in the Scene's order, takes its
-    preferred place, else the first free one of a few alternatives (below, right, left, further
-    out; a pause label moves right along its bar), preferring places inside the axes. Written
-    here rather than with adjustText, which moves Text artists step by step on every draw: this
-    is one deterministic pass of a millisecond, over the outline patches the panel blits.
-    """
+    One greedy, deterministic pass (not adjustText, which moves Text artists on every draw): each
+    label in turn takes the first free place of :func:`label_offsets`, inside the axes if it can."""
     px, m = ax.figure.dpi / 72, mpl.rcParams["lines.markersize"]
     taken = []
     for name in OBSTACLES:
@@ -171,10 +165,8 @@ def _place(ax, sc) -> list:
 
 def label_patches(ax, sc) -> tuple[list, list]:
     """Scene ``sc``'s labels as glyph-outline patches placed by :func:`_place`, and their boxes
-    ``[(text, (x0, y0, x1, y1))]`` in image pixels (origin top left).
-
-    Outlines, because Agg lays real text out anew on every draw: with ``annotate`` the
-    panel's redraw took twice as long (benchmarks/slider.py). Pause labels get a white halo.
+    ``[(text, (x0, y0, x1, y1))]`` in image pixels (origin top left). Outlines, because Agg lays
+    real text out on every draw: ``annotate`` made the panel twice as slow (benchmarks/slider.py).
     """
     patches, boxes, height = [], [], ax.figure.bbox.height
     for (text, x, y, kind), ((ox, oy), box) in zip(sc.labels, _place(ax, sc)):
@@ -193,8 +185,7 @@ def timeline(result, ax=None):
     """Draw one run: a lane per worker, the fence's token in its own lane, the verdict as title.
 
     ``result`` is a Result, or anything with ``history``, ``violations``, ``verdict`` and
-    ``params``. The time axis ends at :func:`~labkit.views.scene.x_range` of the run's end. At most
-    14 lanes are drawn: beyond 14 workers, 13 busy ones and a lane counting the others' attempts.
+    ``params``. Beyond 14 workers it draws 13 busy ones and a lane counting the others' attempts.
 
     >>> from labkit.scenarios import expired_but_alive
     >>> ax = timeline(expired_but_alive(protected=False))
@@ -230,10 +221,7 @@ _OUTCOME_COLOURS = ["#009E73", "#D55E00", "#E69F00", "#CC79A7", "#56B4E9", "#007
 
 def outcome_map(scenario, x, y, *, protected: bool = False, seed: int = 0, ax=None, **fixed):
     """Run ``scenario`` over a grid of two knobs and colour each cell by its worst violation.
-
-    ``x`` and ``y`` are ``(knob, values)`` pairs; ``fixed`` holds other knobs fixed. A cell
-    holds the index of its outcome in ``_OUTCOMES`` (0: no violation).
-    """
+    ``x`` and ``y`` are ``(knob, values)`` pairs; ``fixed`` holds other knobs fixed."""
     (xname, xs), (yname, ys) = x, y
     xs, ys = list(xs), list(ys)
 
@@ -266,11 +254,9 @@ def outcome_map(scenario, x, y, *, protected: bool = False, seed: int = 0, ax=No
 
 
 def verdict_table(rows, *, verdicts=(1,), ax=None):
-    """Draw rows of text (the first, a header, in bold) as a table with coloured verdict columns.
-
-    In the ``verdicts`` columns "no violation" is green, any other text vermilion. Raises
-    BadArgument for no rows, rows of different lengths, or a ``verdicts`` index out of range.
-    """
+    """Draw rows of text (the first, a header, in bold) as a table with coloured verdict columns:
+    in the ``verdicts`` columns "no violation" is green, any other text vermilion. BadArgument for
+    no rows, rows of different lengths, or a ``verdicts`` index out of range."""
     rows = [tuple(map(str, row)) for row in rows]
     if not rows or len({len(row) for row in rows}) != 1:
         raise BadArgument("rows", "needs a header row and rows of the same length")
@@ -313,8 +299,7 @@ _PRESENTER = {
 class present:
     """Presenter mode for projecting: larger fonts, thicker lines, bigger markers.
 
-    ``present()`` on, ``present(False)`` off; ``with present():`` restores the settings on exit.
-    """
+    ``present()`` on, ``present(False)`` off; ``with present():`` restores the settings on exit."""
 
     _before: dict | None = None
 

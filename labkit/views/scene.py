@@ -1,9 +1,7 @@
 """What one run's timeline shows, as plain coordinates, and the styles it is drawn with.
 
-:func:`scene` turns a Result's history and violations into a :class:`Scene`, which
-:func:`labkit.views.plot.timeline` and the panel's renderer both draw. Colours are
-Okabe-Ito (distinct for the common colour blindnesses); each kind of write has its own marker.
-"""
+:func:`scene` turns a Result into a :class:`Scene`, which the timeline and the panel's renderer
+both draw. Colours are Okabe-Ito (distinct for the common colour blindnesses)."""
 
 import math
 from dataclasses import dataclass
@@ -11,7 +9,7 @@ from dataclasses import dataclass
 import matplotlib as mpl
 
 from labkit.fence import token
-from labkit.sim.history import EFFECTS
+from labkit.sim.history import EFFECTS, TICK
 
 __all__ = ["Scene", "scene", "styles", "x_range", "COLOURS", "SPAN_STYLES", "LABEL_STYLES"]
 
@@ -91,21 +89,17 @@ def end_of(history) -> float:
 
 
 def x_range(end: float) -> float:
-    """The time axis's right end for a run that ends at ``end``: ``end`` plus 3% (so end
-    markers show), rounded up to the next of 10, 12, 14, ... 90, 100, 120, ... (times a power
-    of ten). Steps are at most 1.2x apart, so the range ends at most 1.03 x 1.2 < 1.25 x ``end``,
-    and it stays the same while ``end`` moves between two steps."""
+    """The time axis's right end for a run that ends at ``end``: ``end`` plus 3%, rounded up to the
+    next of 10, 12, 14, ... 90, 100, 120, ... (times a power of ten): below 1.25 x ``end``, and
+    the same while ``end`` moves between two steps."""
     need = max(end, 1.0) * 1.03
     scale = 10.0 ** math.floor(math.log10(need / 10))
     return next(s * scale for s in _STEPS if s * scale >= need * (1 - 1e-9))
 
 
-def _intervals(events, end: float, tick: float = 0.5):
-    """Lease-held intervals, pauses and waits of one worker's events, plus the expiries drawn.
-
-    A lease with no end at the authority (``until`` None, e.g. a version lock) is held until its
-    release or ``end`` (the run's) and has no expiry tick.
-    """
+def _intervals(events, end: float):
+    """Lease-held intervals, pauses and waits of one worker's events, plus the expiries drawn; a
+    lease with no ``until`` (a version lock) is held until its release or ``end``, with no tick."""
     leases, pauses, waits, expiries = [], [], [], []
     start = until = wait_from = None
 
@@ -119,7 +113,7 @@ def _intervals(events, end: float, tick: float = 0.5):
             wait_from = e.time if wait_from is None else wait_from
             continue
         if wait_from is not None:
-            waits.append((wait_from, max(e.time, wait_from + tick)))
+            waits.append((wait_from, max(e.time, wait_from + TICK)))
             wait_from = None
         ok = e.outcome == "ok"
         if e.action == "acquire" and ok:
@@ -136,7 +130,7 @@ def _intervals(events, end: float, tick: float = 0.5):
             crashes = (c.time for c in events if c.action == "crash" and e.time <= c.time < stop)
             pauses.append((e.time, next(crashes, stop), e.target))
     if wait_from is not None:
-        waits.append((wait_from, wait_from + tick))
+        waits.append((wait_from, wait_from + TICK))
     if start is not None:
         close(until if until < math.inf else end)
     return leases, pauses, waits, expiries
@@ -190,8 +184,7 @@ class Scene:
     half_height)``), ticks (the authority's expiries, ``(x, y)``), points (a key of
     :func:`styles` -> ``[(x, y)]``), labels (``(text, x, y, kind)``, kind a key of LABEL_STYLES,
     placed near ``(x, y)`` when drawn), fence (the token's step line ``(xs, ys)``, or None), and
-    title, colour, caption (the verdict, its colour, and the knobs line).
-    """
+    title, colour, caption (the verdict, its colour, and the knobs line)."""
 
     spans: dict
     ticks: list
@@ -204,11 +197,8 @@ class Scene:
 
 
 def scene(result, lanes: list[str], xmax: float, pt: float | None = None) -> Scene:
-    """Turn a Result into a :class:`Scene` for lanes ``lanes`` on a time axis up to ``xmax``.
-
-    ``pt`` is a point in data units (default: a 10-inch axis), so write markers at the same spot
-    are set a marker's width apart and their labels and violation rings follow them.
-    """
+    """Turn a Result into a :class:`Scene` for lanes ``lanes`` on a time axis up to ``xmax``;
+    ``pt``, a point in data units (default: a 10-inch axis), sets close write markers apart."""
     history, end = list(result.history), end_of(result.history)
     near, shown = xmax * 0.045, set(lanes)
     width = styles()["accepted"]["ms"] * (pt or xmax / 720)

@@ -1,9 +1,7 @@
 """Slider panels for notebooks: rerun a scenario on every change and redraw its timeline in place.
 
-:func:`explore`'s timeline is an inline PNG in a ``widgets.Output`` whose ``outputs`` are swapped
-in one update, so nothing flickers, stacks or moves. :func:`replay` plays a run paced in
-wall-clock time (``simpy.rt``), the timeline growing as it runs.
-"""
+The timeline is a PNG in a ``widgets.Output`` whose ``outputs`` are swapped in one update, so
+nothing flickers. :func:`replay` plays a run paced in wall-clock time (``simpy.rt``)."""
 
 import base64
 import html
@@ -40,14 +38,10 @@ _LIVE = "LABKIT_LIVE_SECONDS"  # if set, caps a whole replay at that many wall s
 class TimelineRenderer:
     """Draw many runs fast as PNG bytes (for the panel): the picture of :func:`.plot.timeline`.
 
-    The frame (lanes, legend) is drawn once per (lanes, font settings), its time axis once per
-    range; each run restores them and draws only the timeline's artists (blitting). The lanes of
-    ``runs`` are reserved up front and stay put once seen; the range is :func:`.scene.x_range` of
-    the current run's end (or ``xmax``, fixed), so it changes only when that end crosses a step.
-
-    After :meth:`png`: ``label_boxes``, ``[(text, (x0, y0, x1, y1))]``, the labels drawn, and
-    ``legend_text_px``, the legend's font size (its em), both in image pixels (origin top left).
-    """
+    The frame is drawn once per (lanes, fonts), its time axis once per range, then each run only
+    blits its artists. Lanes (those of ``runs`` reserved up front) stay put once seen; ``xmax``
+    fixes the range. After :meth:`png`: ``label_boxes``, ``[(text, (x0, y0, x1, y1))]``, and
+    ``legend_text_px``, the legend's em, both in image pixels (origin top left)."""
 
     def __init__(self, runs=(), *, xmax: float | None = None) -> None:
         self.lanes, self.hold = [], xmax
@@ -217,9 +211,8 @@ class Explorer(widgets.VBox):
 def explore(scenario, *, protected: bool = True, seed: int = 0, **sliders) -> Explorer:
     """An ipywidgets panel (an :class:`Explorer`) that reruns ``scenario`` on every change.
 
-    ``sliders`` give per knob ``(low, high[, step])`` for a slider, a list for a dropdown or
-    a plain value to hold it fixed, in the order shown; unnamed timings and counts get a
-    default slider. Raises BadArgument for a name that is not one of the scenario's knobs.
+    ``sliders`` give per knob ``(low, high[, step])`` for a slider, a list for a dropdown or a
+    value to hold it fixed, in the order shown; other timings and counts get a default slider.
 
     >>> from labkit.scenarios import expired_but_alive
     >>> panel = explore(expired_but_alive, pause=(0, 60, 1), ttl=(5, 30, 1))
@@ -255,10 +248,8 @@ def explore(scenario, *, protected: bool = True, seed: int = 0, **sliders) -> Ex
 
 
 def button(label: str, action) -> widgets.VBox:
-    """A button that runs ``action()`` when clicked and shows its output and value under it.
-
-    For instructor cells (live demos, replays): a student's Run All only draws the button.
-    """
+    """A button that runs ``action()`` when clicked and shows its output and value under it
+    (for instructor cells: a student's Run All only draws the button)."""
     if not callable(action):
         raise BadArgumentType("action", f"must be a function to call, got {type(action).__name__}")
     press = widgets.Button(description=label, button_style="info", layout={"width": "auto"})
@@ -284,10 +275,8 @@ def replay(
 ) -> Result:
     """Play ``scenario`` paced in wall-clock time, the timeline growing as it runs (for instructors).
 
-    ``speed`` virtual seconds pass per wall second; the picture is redrawn 4 times a second.
-    ``LABKIT_LIVE_SECONDS``, if set, caps the whole replay at that many seconds. Returns the
-    final Result, equal to an unpaced run's. In a cell: ``replay(expired_but_alive)``.
-    """
+    ``speed`` virtual seconds pass per wall second (``$LABKIT_LIVE_SECONDS`` caps the whole
+    replay); returns the final Result, equal to an unpaced run's."""
     speed = check_number(speed, "speed", positive=True)
     preview = scenario(protected=protected, seed=seed, **knobs)  # validates knobs; gives the length
     virtual, cap = max(end_of(preview.history), 1.0), float(os.environ.get(_LIVE) or 0)
