@@ -10,14 +10,17 @@ PostgreSQL half skips loudly without the binaries, and fails instead under
 from __future__ import annotations
 
 import itertools
-import os
-import warnings
 
-import pytest
+from prerequisites import require
 
 ENGINES = ("sqlite", "postgres")
-CONTRACT = {"test_lease", "test_fence", "test_idempotency", "test_hostile_input",
-            "test_contract_processes"}
+CONTRACT = {
+    "test_lease",
+    "test_fence",
+    "test_idempotency",
+    "test_hostile_input",
+    "test_contract_processes",
+}
 
 # Each stays SQLite-only, for the reason given.
 SQLITE_ONLY = {
@@ -57,17 +60,7 @@ def missing_prerequisite() -> str | None:
 
 def require_postgres() -> None:
     """Skip loudly, or fail under LABKIT_REQUIRE_POSTGRES=1, if PostgreSQL can't run."""
-    reason = missing_prerequisite()
-    if reason is None:
-        return
-    if os.environ.get("LABKIT_REQUIRE_POSTGRES") == "1":
-        pytest.fail(f"PostgreSQL tests FAILED: {reason} (LABKIT_REQUIRE_POSTGRES=1)")
-    message = (
-        f"PostgreSQL tests SKIPPED: {reason}; or set LABKIT_REQUIRE_POSTGRES=1 to make this a failure"
-    )
-    print(f"\n*** {message} ***")
-    warnings.warn(message, pytest.PytestWarning, stacklevel=1)
-    pytest.skip(message)
+    require("PostgreSQL tests", missing_prerequisite(), "LABKIT_REQUIRE_POSTGRES")
 
 
 def parametrize(metafunc) -> None:
@@ -86,8 +79,12 @@ _schemas = itertools.count(1)
 
 #: the session server trades durability for speed (no fsync, commits not awaited: nothing here
 #: crashes it); the crash-and-restart tests start their own server with the defaults
-FAST = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off",
-        "deadlock_timeout": "100ms"}
+FAST = {
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+    "deadlock_timeout": "100ms",
+}
 
 
 class Schema:

@@ -26,10 +26,10 @@ import json
 import os
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import pytest
+from prerequisites import require
 
 from browser_support import (
     LabServer,
@@ -84,17 +84,7 @@ def missing_prerequisite() -> str | None:
 
 def require_browser() -> None:
     """Skip loudly, or fail under LABKIT_REQUIRE_BROWSER=1, if the browser can't run."""
-    reason = missing_prerequisite()
-    if reason is None:
-        return
-    if os.environ.get("LABKIT_REQUIRE_BROWSER") == "1":
-        pytest.fail(f"browser test FAILED: {reason} (LABKIT_REQUIRE_BROWSER=1)")
-    message = (
-        f"browser test SKIPPED: {reason}, or set LABKIT_REQUIRE_BROWSER=1 to make this a failure"
-    )
-    print(f"\n*** {message} ***")
-    warnings.warn(message, pytest.PytestWarning, stacklevel=1)
-    pytest.skip(message)
+    require("browser test", missing_prerequisite(), "LABKIT_REQUIRE_BROWSER")
 
 
 @pytest.fixture(scope="module")
