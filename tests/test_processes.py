@@ -178,4 +178,4 @@ def test_processes_hammering_one_file_under_freezes_and_kills(protected, tmp_pat
         assert [e.outcome for e in stale] == ["ok", "ok"]
         assert {"stale_accepted", "lost_update"} <= {v.kind for v in violations}
         assert set(stale) <= {v.event for v in violations if v.kind == "stale_accepted"}
-    assert all(proc_state(p.pid) is None for p in team.procs.values())
+    assert all(proc_state(p.pid) == "gone" for p in team.procs.values())

@@ -19,6 +19,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+import engines
+
 PROJECT = pathlib.Path(__file__).resolve().parents[1]
 LESSONS = sorted((PROJECT / "notebooks").glob("*.ipynb"))
 
@@ -120,4 +122,7 @@ def test_run_all_starts_nothing_and_each_play_button_starts_its_demo(lesson, ipy
     assert clicks, f"{lesson.name} has no ▶ button for its instructor cells"
     for label, started in clicks:
         expected = "subprocess.Popen" if "live demo" in label else "paced replay"
-        assert expected in started, f"clicking {label!r} started {started}, not a {expected}"
+        if "real PostgreSQL" in label:  # a throwaway server; without one, it says what to install
+            expected = None if engines.missing_prerequisite() else "subprocess.Popen"
+        shown = f"clicking {label!r} started {started}, not a {expected}"
+        assert expected is None or expected in started, shown

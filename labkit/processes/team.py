@@ -26,6 +26,7 @@ from random import Random
 
 from labkit.clock import RealClock
 from labkit.db import connect, execute, transaction
+from labkit.engines.servers import proc_state
 from labkit.errors import BadArgument, Busy, LabkitError, check_number
 from labkit.fence import Fence
 from labkit.lease import LeaseAuthority
@@ -39,15 +40,6 @@ STOP_TIMEOUT = 2.0  # seconds for a SIGSTOPped process to show state T before it
 _CLOCK = RealClock()
 _TEAMS: weakref.WeakSet[Team] = weakref.WeakSet()
 KNOBS = ("ttl", "work", "hold", "rest", "redeliver", "busy_timeout_ms", "seconds")  # of WorkerSpec
-
-
-def proc_state(pid: int) -> str | None:
-    """The kernel's state letter for ``pid`` (``R``, ``S``, ``T``, ``Z``...), or None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
 
 
 def _locked(method):
@@ -272,7 +264,7 @@ class Team:
         pid, deadline = self.pid(name), _CLOCK.now() + STOP_TIMEOUT
         os.kill(pid, signal.SIGSTOP)
         while (state := proc_state(pid)) not in ("T", "t"):
-            if state in (None, "Z", "X"):
+            if state in ("gone", "Z", "X"):
                 return False
             if _CLOCK.now() > deadline:
                 self._reap(name)

@@ -1,0 +1,140 @@
+"""Lesson 02 on a real row lock, on a throwaway PostgreSQL: what SQLite's file lock cannot show.
+
+A holds its fenced transaction on job X open; B's guard on X, in a thread, waits on A's fence
+row, as a watching connection sees in ``pg_blocking_pids`` and ``pg_locks``; C writes job Y
+meanwhile. A commits, then B, and A's stale write is refused. Real time is read on purpose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass
+
+from labkit.db import execute
+from labkit.engines import postgres
+from labkit.engines.postgres_db import connect
+from labkit.engines.servers import MissingBinary
+from labkit.fence import Fence
+from labkit.errors import Busy, LabkitError, StaleGeneration
+
+__all__ = ["RowLock", "demo", "run"]
+
+X, Y = "invoice-run", "refund-run"
+UPSERT = """INSERT INTO invoices VALUES (?, ?, ?, ?) ON CONFLICT (job_id, invoice_id)
+    DO UPDATE SET amount = excluded.amount, generation = excluded.generation"""
+# a backend's tuple locks and the locks it waits for, with the pid holding that (0: none)
+LOCKS = """SELECT l.locktype, coalesce(l.relation::regclass::text, '-'), l.mode, l.granted,
+    coalesce(l.transactionid::text, ''), coalesce(h.pid, 0) FROM pg_locks l LEFT JOIN pg_locks h
+    ON h.transactionid = l.transactionid AND h.granted AND NOT l.granted AND h.pid <> l.pid
+    WHERE l.pid = ? AND (l.locktype = 'tuple' OR NOT l.granted) ORDER BY NOT l.granted"""
+WAITING = """SELECT coalesce(wait_event_type || '/' || wait_event, 'not waiting')
+    FROM pg_stat_activity WHERE pid = ?"""
+
+
+@dataclass(frozen=True, slots=True)
+class RowLock:
+    """What :func:`run` saw: A's and B's backend pids ``a`` and ``b``; while A was open,
+    ``blocking`` (``pg_blocking_pids(b)``), B's ``wait_event`` and ``locks`` (rows of
+    ``pg_locks``: locktype, relation, mode, granted, transaction id, holder's pid), and whether
+    C's write on Y ``committed_beside`` it; how long B ``waited`` (seconds); ``refusal``, A's
+    later stale write's StaleGeneration (None if it landed); the stopped ``server_pid``."""
+
+    a: int
+    b: int
+    blocking: frozenset[int]
+    wait_event: str
+    locks: tuple[tuple, ...]
+    committed_beside: bool
+    waited: float
+    refusal: StaleGeneration | None
+    server_pid: int
+
+    @property
+    def text(self) -> str:
+        """The story in a few lines, each observation marked ✓ (as expected) or ✗."""
+        ok = lambda seen: "✓" if seen else "✗"
+        rows = [f"    {t:<14} {r:<10} {m:<14} {'held' if g else 'waiting'}"
+                + (f" for transaction {x}, A's" if h == self.a else "")
+                for t, r, m, g, x, h in self.locks]  # fmt: skip
+        return "\n".join([
+            f"A, backend {self.a}: Fence({X!r}).guard(7) is open, INV-1 written, not committed",
+            f"B, backend {self.b}: Fence({X!r}).guard(8) waits (wait event {self.wait_event})",
+            f"{ok(self.blocking == {self.a})} pg_blocking_pids({self.b}) = "
+            + f"{set(self.blocking) or '{}'}: B is blocked by A",
+            f"{ok(any(row[:2] == ('tuple', 'job_fence') for row in self.locks))} B in pg_locks:",
+            *rows,
+            f"{ok(self.committed_beside)} C wrote job {Y!r} and committed while A was open",
+            f"A commits; B's guard, after waiting {self.waited:.1f} s, goes on and commits 8",
+            f"A again with generation 7: {self.refusal or 'its write LANDED'}",
+            f"{ok(self.refusal)} stale write {'refused' if self.refusal else 'not refused'}",
+        ])  # fmt: skip
+
+
+def run(*, hold: float = 1.0, timeout: float = 10.0) -> RowLock:
+    """Start a throwaway PostgreSQL, play the story (A holds ``hold`` s once B waits), stop the
+    server on every path. ``timeout`` bounds each wait; raises MissingBinary without PostgreSQL."""
+    postgres.require()
+    with postgres.PostgresServer(settings={"fsync": "off"}) as server, contextlib.ExitStack() as s:
+        dbs = [connect(server.url, busy_timeout_ms=int(timeout * 1000)) for _ in "wabc"]
+        for db in dbs:
+            s.callback(db.close)
+        return _play(*dbs, hold=hold, timeout=timeout, server_pid=server.process.pid)
+
+
+def _play(watch, a, b, c, *, hold, timeout, server_pid) -> RowLock:
+    pa, pb = (execute(db, "SELECT pg_backend_pid()")[0][0] for db in (a, b))
+    fence_a, fence_b, fence_c = Fence(a, X), Fence(b, X), Fence(c, Y)
+    seen: dict = {}
+
+    def b_writes() -> None:  # B's thread: it blocks on A's fence row
+        started = time.monotonic()
+        try:
+            with fence_b.guard(8) as tx:
+                seen["waited"] = time.monotonic() - started
+                tx.execute(UPSERT, (X, "INV-1", 200, 8))
+        except LabkitError as exc:
+            seen["error"] = exc
+
+    thread = threading.Thread(target=b_writes, name="labkit-rowlock-B", daemon=True)
+    try:
+        with fence_a.guard(7) as tx:
+            tx.execute(UPSERT, (X, "INV-1", 100, 7))
+            thread.start()
+            deadline = time.monotonic() + timeout
+            while not (event := execute(watch, WAITING, (pb,))[0][0]).startswith("Lock/"):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.005)
+            blocking = frozenset(execute(watch, "SELECT pg_blocking_pids(?)", (pb,))[0][0])
+            locks = tuple(map(tuple, execute(watch, LOCKS, (pb,))))
+            with contextlib.suppress(Busy), fence_c.guard(1) as other:  # Y's row: no wait
+                other.execute(UPSERT, (Y, "REF-1", 30, 1))
+            beside = tx.live and execute(watch, "SELECT 1 FROM invoices WHERE job_id = ?", (Y,))
+            time.sleep(hold)
+    finally:  # A's transaction has ended, committed or rolled back, and B's wait with it
+        if thread.ident is not None:
+            thread.join(timeout)
+    if "error" in seen:
+        raise seen["error"]
+    refusal = None
+    try:
+        with fence_a.guard(7) as tx:
+            tx.execute(UPSERT, (X, "INV-1", 100, 7))
+    except StaleGeneration as exc:
+        refusal = exc
+    waited = seen.get("waited", float("nan"))
+    return RowLock(pa, pb, blocking, event, locks, bool(beside), waited, refusal, server_pid)
+
+
+def demo() -> None:
+    """The lesson's ▶ button: print the story, or what to install first."""
+    try:
+        postgres.require()
+        import psycopg  # noqa: F401
+    except MissingBinary as missing:
+        return print(f"✗ this demo needs PostgreSQL's programs: {missing}")
+    except ImportError:
+        return print("✗ this demo needs psycopg: pip install 'psycopg[binary]'")
+    print(run().text)
