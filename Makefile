@@ -10,7 +10,7 @@ FREEPORT := import socket; print(next(p for p in range(8888, 8999) if socket.soc
 NOBROWSER := $(if $(DISPLAY)$(WAYLAND_DISPLAY),,--no-browser)
 ROOTOK := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test exercises bench clean
+.PHONY: lab test exercises bench classroom clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ exercises: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
+
+# one PostgreSQL for a room of laptops (127.0.0.1; add ARGS="--lan ADDRESS" to open it to a LAN)
+classroom: $(STAMP)
+	$(BIN)/python -m labkit.classroom serve $(ARGS)
 
 clean:
 	rm -rf $(VENV) build

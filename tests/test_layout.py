@@ -6,7 +6,7 @@ import pytest
 
 LABKIT = pathlib.Path(__file__).resolve().parents[1] / "labkit"
 CORE = ("__init__", "clock", "errors", "db", "lease", "fence", "idempotency")
-COMMANDS = ("grade", "chaos")  # `python -m labkit.grade`, `python -m labkit.chaos`: a few lines each
+COMMANDS = ("grade", "chaos", "classroom")  # `python -m labkit.grade` and so on: a few lines each
 SUBPACKAGES = ("sim", "mechanisms", "scenarios", "views", "processes", "grading", "engines")
 
 

@@ -68,12 +68,15 @@ def test_a_killed_member_leaves_no_folder_in_dev_shm(tmp_path, monkeypatch):
     with Team(2, ttl=0.5, root=tmp_path) as team:
         team.start()
         pids = {name: team.pid(name) for name in team.names}
-        wait_for(lambda: all((probe / str(pid)).exists() for pid in pids.values()), "both members' folders")
+        wait_for(
+            lambda: all((probe / str(pid)).exists() for pid in pids.values()),
+            "both members' folders",
+        )
         made = {name: (probe / str(pid)).read_text().split("\n") for name, pid in pids.items()}
         assert all(Path(folder).is_dir() for folders in made.values() for folder in folders)
         team.kill("A")
         left = [folder for folder in made["A"] if Path(folder).exists()]
-        assert all(Path(folder).is_dir() for folder in made["B"])     # B still runs
+        assert all(Path(folder).is_dir() for folder in made["B"])  # B still runs
     left += [folder for folder in made["B"] if Path(folder).exists()]
     for folder in left:  # what the old code leaked: clean it up, then fail
         shutil.rmtree(folder, ignore_errors=True)
@@ -95,8 +98,9 @@ def test_members_of_a_killed_parent_leave_no_folder_in_dev_shm(tmp_path, monkeyp
     """SIGKILL the process that started a team (a kernel restart): Linux kills its members, and
     no labkit folder of theirs is left in /dev/shm (where nobody would ever remove it)."""
     probe = probing(tmp_path, monkeypatch)
-    kernel = subprocess.Popen([sys.executable, "-c", KERNEL, str(tmp_path)], stdout=subprocess.PIPE,
-                              text=True)
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", KERNEL, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
     try:
         pids = [int(p) for p in kernel.stdout.readline().split()]
         wait_for(lambda: all((probe / str(pid)).exists() for pid in pids), "both members' folders")
@@ -119,7 +123,10 @@ def test_stop_closes_the_teams_connections_board_and_journal(tmp_path):
     the history is still readable."""
     with Team(2, ttl=0.5, root=tmp_path) as team:
         team.start()
-        wait_for(lambda: any(e.action == "write" and e.outcome == "ok" for e in team.history()), "a commit")
+        wait_for(
+            lambda: any(e.action == "write" and e.outcome == "ok" for e in team.history()),
+            "a commit",
+        )
         assert any(path.startswith(team.run_dir) for path in open_paths())
     assert [path for path in open_paths() if path.startswith(team.run_dir)] == []
     assert any(e.action == "write" for e in team.history()) and team.check() == []
@@ -141,3 +148,18 @@ def test_a_process_that_never_shows_stopped_is_killed_after_a_timeout(tmp_path, 
         assert answer == [None] and not team.alive("A")
         monkeypatch.undo()
         assert not os.path.exists(f"/proc/{pid}")
+
+
+def test_a_team_without_a_root_leaves_no_folder_once_its_process_is_gone(tmp_path, monkeypatch):
+    """A team in the temp dir (a live demo's) keeps its folder while its process lives; the
+    next team, started after that process is gone, removes it."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    code = "import tempfile; from labkit.processes.team import Team; t = Team(1); print(t.run_dir)"
+    made = subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ}, capture_output=True, text=True, check=True
+    ).stdout.split()[-1]
+    assert Path(made).parent == tmp_path and Path(made).is_dir()
+    monkeypatch.setattr("tempfile.tempdir", None)  # this process reads TMPDIR anew
+    with Team(1) as team:
+        assert not Path(made).exists()
+        assert Path(team.run_dir).is_dir()  # its own folder stays while this process lives

@@ -132,11 +132,12 @@ def proc_state(pid: int) -> str:
         return "gone"
 
 
-def sweep(root: str | None = None) -> list[str]:
-    """Remove the temp folders of throwaway servers whose parent process is gone."""
+def sweep(prefix: str = PREFIX, root: str | None = None) -> list[str]:
+    """Remove the temp folders named ``{prefix}{pid}-...`` whose process ``pid`` is gone
+    (throwaway servers, simulated runs, teams of real workers)."""
     removed = []
-    for folder in Path(root or tempfile.gettempdir()).glob(PREFIX + "*"):
-        pid = folder.name[len(PREFIX) :].split("-")[0]
+    for folder in Path(root or tempfile.gettempdir()).glob(prefix + "*"):
+        pid = folder.name[len(prefix) :].split("-")[0]
         if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(str(folder))

@@ -1,7 +1,8 @@
 """Live: real worker processes on one SQLite file, in real time, in front of an audience.
 
 :func:`run_demo` plays the story in one cell: A is frozen holding the lease, B takes over and
-commits, A is thawed and its stale write bounces off the fence or lands."""
+commits, A is thawed and its stale write bounces off the fence or lands. :func:`watch_room`
+shows a classroom's students (:mod:`labkit.engines.classroom`) from the server's event log."""
 
 import io
 import os
@@ -14,9 +15,10 @@ from types import SimpleNamespace
 
 from labkit.errors import check_number
 from labkit.processes.team import Team, proc_state
-from labkit.sim import check
+from labkit.sim import Event, check
 
 __all__ = ["Demo", "Team", "draw", "png", "proc_state", "run_demo"]
+__all__ += ["draw_room", "room_history", "watch_room"]
 
 
 class Demo(Team):
@@ -124,10 +126,10 @@ def png(ax) -> bytes:
     return buffer.getvalue()
 
 
-def draw(history, ax=None, *, params, now=None, title=None):
-    """Draw a run of real processes with :func:`labkit.views.plot.timeline` (``params``, a dict,
-    in the caption); return the axes. A freeze lasts from its ``pause`` to the next ``resume``
-    or ``crash`` (or ``now``), a Busy call is a wait; the title defaults to the violations."""
+def draw(history, ax=None, *, params, now=None, title=None, lanes=14):
+    """Draw a run of real processes with :func:`labkit.views.plot.timeline` (``params`` in the
+    caption, ``lanes`` at most); return the axes. A freeze lasts from its ``pause`` to the next
+    ``resume`` or ``crash`` (or ``now``), a Busy call a wait; the title defaults to the verdict."""
     from labkit.views.plot import timeline
 
     events = sorted((e for e in history if e.worker), key=lambda e: e.time)
@@ -145,6 +147,35 @@ def draw(history, ax=None, *, params, now=None, title=None):
     kinds = Counter(v.kind for v in found)
     verdict = title or ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) or "no violation"
     run = SimpleNamespace(history=drawn[::-1], violations=found, verdict=verdict, params=params)
-    ax = timeline(run, ax)
+    ax = timeline(run, ax, lanes=lanes)
     ax.set_xlabel("seconds (real time)")
     return ax
+
+
+def room_history(rows) -> list[Event]:
+    """``Room.events()`` rows as Events (seconds from the first); a pause ends, a grant raises."""
+    t0, fence, events = (rows[0][1] if rows else 0.0), 0, []
+    for _, at, began, who, action, outcome, gen, until in rows:
+        at, began, until = (None if t is None else t - t0 for t in (at, began, until))
+        events.append(Event(at, who, action, outcome, gen, until=until, began=began))
+        if action == "pause":
+            events.append(Event(until, who, "resume", "ok", gen))
+        elif action == "acquire" and outcome == "ok":
+            events.append(Event(at, who, "raise", "ok", fence := max(fence, gen)))
+    return [e for e in events if e.action != "join"]
+
+
+def draw_room(room, ax=None, *, protected=None, lanes=40):
+    """Draw a classroom so far: a lane per student (at least ``lanes`` before any is pooled)."""
+    events = room_history(room.events())
+    students = len({e.worker for e in events})
+    params = {"protected": protected, "students": students, "seed": "-"}
+    return draw(events, ax, params=params, lanes=max(lanes, students, 2))
+
+
+def watch_room(room, seconds=60.0, *, every=1.0, protected=None):
+    """Show :func:`draw_room` in a notebook, redrawn every ``every`` seconds for ``seconds``."""
+    redraw = _screen(SimpleNamespace(draw=lambda: draw_room(room, protected=protected)), True)
+    for _ in range(int(seconds / every)):
+        time.sleep(every)
+        redraw()

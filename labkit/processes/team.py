@@ -26,7 +26,7 @@ from random import Random
 
 from labkit.clock import RealClock
 from labkit.db import connect, execute, transaction
-from labkit.engines.servers import proc_state
+from labkit.engines.servers import proc_state, sweep
 from labkit.errors import BadArgument, Busy, LabkitError, check_number
 from labkit.fence import Fence
 from labkit.lease import LeaseAuthority
@@ -52,8 +52,8 @@ def _locked(method):
 
 
 class Team:
-    """Worker processes (1 to 26, ``"A"``, ``"B"``, ...) on ``lab.db`` in a run folder made (and
-    kept) in ``root``; ``knobs`` are :class:`~labkit.processes.workers.WorkerSpec` fields, and
+    """Worker processes (1 to 26, ``"A"``, ``"B"``, ...) on ``lab.db`` in a run folder kept in
+    ``root`` (else a temp one, swept once this process is gone); ``knobs`` are :class:`~labkit.processes.workers.WorkerSpec` fields, and
     ``seed`` seeds them all. ``counts`` has ``freezes``, ``freezes_past_lease`` (a holder thawed
     after its lease expired), ``kills``, ``kills_in_tx`` and ``restarts``."""
 
@@ -63,7 +63,9 @@ class Team:
             raise BadArgument(unknown[0], f"is not a knob of Team; its knobs are {list(KNOBS)}")
         knobs["ttl"] = check_number(knobs.get("ttl", 1.0), "ttl", positive=True)
         spec = WorkerSpec("", "", 0.0, protected=bool(protected), parent=os.getpid(), **knobs)
-        self.run_dir = tempfile.mkdtemp(prefix="labkit-run-", dir=root)
+        if root is None:
+            sweep("labkit-run-")
+        self.run_dir = tempfile.mkdtemp(prefix=f"labkit-run-{os.getpid()}-", dir=root)
         for folder in ("journal", "logs"):
             os.makedirs(os.path.join(self.run_dir, folder))
         self.path = os.path.join(self.run_dir, "lab.db")

@@ -5,12 +5,12 @@ builds a template once and keeps its bytes in memory. A folder's name carries th
 it, so the next process removes the folders that killed processes left."""
 
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
 from labkit.clock import VirtualClock
 from labkit.db import connect, execute
+from labkit.engines.servers import sweep
 from labkit.fence import Fence
 from labkit.lease import LeaseAuthority
 from labkit.sim.worker import JOB, LEASE
@@ -64,7 +64,4 @@ def _root() -> str | None:
 
 def _sweep() -> None:
     """Remove the folders that killed processes left (their pid no longer exists)."""
-    for folder in Path(_root() or tempfile.gettempdir()).glob("labkit-sim-*"):
-        pid = folder.name.removeprefix("labkit-sim-").split("-")[0]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            shutil.rmtree(folder, ignore_errors=True)
+    sweep("labkit-sim-", _root())

@@ -16,7 +16,7 @@ from matplotlib.patches import Patch, PathPatch
 from matplotlib.textpath import TextPath
 from matplotlib.transforms import Affine2D, ScaledTranslation
 
-from labkit.errors import BadArgument
+from labkit.errors import BadArgument, check_number
 from labkit.views.scene import COLOURS, LABEL_STYLES, SPAN_STYLES, end_of, lanes_of, scene, styles
 from labkit.views.scene import OBSTACLES, label_offsets, x_range
 
@@ -181,18 +181,18 @@ def label_patches(ax, sc) -> tuple[list, list]:
     return patches, boxes
 
 
-def timeline(result, ax=None):
+def timeline(result, ax=None, *, lanes: int = 14):
     """Draw one run: a lane per worker, the fence's token in its own lane, the verdict as title.
 
     ``result`` is a Result, or anything with ``history``, ``violations``, ``verdict`` and
-    ``params``. Beyond 14 workers it draws 13 busy ones and a lane counting the others' attempts.
+    ``params``. Beyond ``lanes`` workers it draws ``lanes - 1`` busy ones and a lane for the rest.
 
     >>> from labkit.scenarios import expired_but_alive
     >>> ax = timeline(expired_but_alive(protected=False))
     >>> [t.get_text() for t in ax.get_yticklabels()]
     ['A', 'B', 'fence']
     """
-    lanes = lanes_of(result.history)
+    lanes = lanes_of(result.history, check_number(lanes, "lanes", integer=True, low=2, high=500))
     if ax is None:
         import matplotlib.pyplot as plt
 

@@ -65,14 +65,14 @@ def styles() -> dict:
     }
 
 
-def lanes_of(history) -> list[str]:
-    """The workers in order of appearance; beyond 14, the 13 first that did something that
-    counted, then :data:`OTHERS`."""
+def lanes_of(history, most: int = _MAX_LANES) -> list[str]:
+    """The workers in order of appearance; beyond ``most``, the first ``most - 1`` that did
+    something that counted, then :data:`OTHERS` (the caption counts the workers left out)."""
     workers = list(dict.fromkeys(e.worker for e in history))
-    if len(workers) <= _MAX_LANES:
+    if len(workers) <= most:
         return workers
     busy = {e.worker for e in history if e.outcome == "ok" and e.action != "read"}
-    return [w for w in workers if w in busy][: _MAX_LANES - 1] + [OTHERS]
+    return [w for w in workers if w in busy][: most - 1] + [OTHERS]
 
 
 def merge_lanes(lanes: list[str], more: list[str]) -> list[str]:
