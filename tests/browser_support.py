@@ -47,7 +47,7 @@ LAB_OVERRIDES = {
 }
 
 # How long the course's live demos run inside the browser test.
-LIVE_SECONDS = "3"
+LIVE_SECONDS = "2"
 
 # Kernel status item in the status bar, e.g. "Python 3 (ipykernel) | Idle".
 KERNEL_IDLE = r"\(ipykernel\) \| Idle"
