@@ -5,6 +5,7 @@ half-written stays. Also what PostgreSQL does differently from SQLite at the sea
 from __future__ import annotations
 
 import sys
+import threading
 
 import pytest
 
@@ -229,40 +230,53 @@ def test_protect_refuses_unusable_tables_on_postgres(pg_schema, table, column, a
     db.conn.close()
 
 
-def test_two_acquirers_racing_for_an_expired_lease_never_both_win(pg_schema):
-    """A has won generation 2 but not committed; B's try_acquire then waits on the name's counter
-    row, and after A's COMMIT sees A's lease: B gets None, not a second holder (PostgreSQL's row
-    lock, where SQLite had BEGIN IMMEDIATE)."""
-    import threading
+def pause_after(db, matches):
+    """Make ``db`` stop after its first statement for which ``matches(sql)``, until ``go``."""
+    paused, go, real_run = threading.Event(), threading.Event(), db.run
 
-    clock = labkit.VirtualClock()
-    a_db, b_db, observer = (labkit.connect(pg_schema.url) for _ in range(3))
-    LeaseAuthority(a_db, clock).acquire("job", "X", ttl=10)
-    clock.advance(10)
-    paused, go, got = threading.Event(), threading.Event(), {}
-    real_run = a_db.run
-
-    def run(sql, *args):  # A stops after writing its lease, before COMMIT
+    def run(sql, *args):
         result = real_run(sql, *args)
-        if sql.startswith("INSERT INTO leases"):
+        if matches(sql):
             paused.set()
             go.wait(30)
         return result
-    a_db.run = run
 
-    def acquire(name, db):
-        got[name] = LeaseAuthority(db, clock).try_acquire("job", name, ttl=10)
-    threads = [threading.Thread(target=acquire, args=(n, d)) for n, d in (("A", a_db), ("B", b_db))]
+    db.run = run
+    return paused, go
+
+
+def race(first, second, *, paused, go, waiter, observer) -> None:
+    """Run ``first`` until it pauses, then ``second``; once ``waiter`` waits on a lock, go on."""
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
     threads[0].start()
     assert paused.wait(30)
     threads[1].start()
     sql = "SELECT count(*) FROM pg_locks WHERE pid = ? AND NOT granted"
     try:
-        wait_for(lambda: execute(observer, sql, (b_db.pg.info.backend_pid,)) == [(1,)], "B to wait")
+        wait_for(lambda: execute(observer, sql, (waiter.pg.info.backend_pid,)) == [(1,)], "a wait")
     finally:
         go.set()
     for thread in threads:
         thread.join()
+
+
+def test_two_acquirers_racing_for_an_expired_lease_never_both_win(pg_schema):
+    """A has won generation 2 but not committed; B's try_acquire then waits on the name's counter
+    row, and after A's COMMIT sees A's lease: B gets None, not a second holder (PostgreSQL's row
+    lock, where SQLite had BEGIN IMMEDIATE)."""
+    clock = labkit.VirtualClock()
+    a_db, b_db, observer = (labkit.connect(pg_schema.url) for _ in range(3))
+    LeaseAuthority(a_db, clock).acquire("job", "X", ttl=10)
+    clock.advance(10)
+    got = {}
+    # A stops after writing its lease, before COMMIT
+    paused, go = pause_after(a_db, lambda sql: sql.startswith("INSERT INTO leases"))
+
+    def acquire(name, db):
+        got[name] = LeaseAuthority(db, clock).try_acquire("job", name, ttl=10)
+
+    race(lambda: acquire("A", a_db), lambda: acquire("B", b_db), paused=paused, go=go,
+         waiter=b_db, observer=observer)  # fmt: skip
     assert (got["A"].generation, got["B"]) == (2, None)
     assert LeaseAuthority(observer, clock).current("job") == got["A"]
     for db in (a_db, b_db, observer):
@@ -273,20 +287,11 @@ def test_a_renewal_racing_a_successor_is_lost_not_silently_overwritten(pg_schema
     """A's renew (its clock at 9.9) meets B's acquire (at 10) of A's expiring lease, B first: A's
     renew waits on the counter row, then raises LeaseLost; without that lock it would commit and
     B would overwrite it, two holders each sure of its lease."""
-    import threading
-
     a_db, b_db, observer = (labkit.connect(pg_schema.url) for _ in range(3))
     lease = LeaseAuthority(a_db, labkit.VirtualClock()).acquire("job", "A", ttl=10)
-    paused, go, got = threading.Event(), threading.Event(), {}
-    real_run = b_db.run
-
-    def run(sql, *args):  # B stops after winning the counter, before writing its lease
-        result = real_run(sql, *args)
-        if "generation = generation + 1" in sql:
-            paused.set()
-            go.wait(30)
-        return result
-    b_db.run = run
+    got = {}
+    # B stops after winning the counter, before writing its lease
+    paused, go = pause_after(b_db, lambda sql: "generation = generation + 1" in sql)
 
     def acquire():
         got["B"] = LeaseAuthority(b_db, labkit.VirtualClock(10)).try_acquire("job", "B", ttl=10)
@@ -296,17 +301,8 @@ def test_a_renewal_racing_a_successor_is_lost_not_silently_overwritten(pg_schema
             got["A"] = LeaseAuthority(a_db, labkit.VirtualClock(9.9)).renew(lease)
         except labkit.LeaseLost as exc:
             got["A"] = exc
-    threads = [threading.Thread(target=acquire), threading.Thread(target=renew)]
-    threads[0].start()
-    assert paused.wait(30)
-    threads[1].start()
-    sql = "SELECT count(*) FROM pg_locks WHERE pid = ? AND NOT granted"
-    try:
-        wait_for(lambda: execute(observer, sql, (a_db.pg.info.backend_pid,)) == [(1,)], "A to wait")
-    finally:
-        go.set()
-    for thread in threads:
-        thread.join()
+
+    race(acquire, renew, paused=paused, go=go, waiter=a_db, observer=observer)
     assert isinstance(got["A"], labkit.LeaseLost) and got["B"].generation == 2
     assert LeaseAuthority(observer, labkit.VirtualClock(10)).current("job") == got["B"]
     for db in (a_db, b_db, observer):
