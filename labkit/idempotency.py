@@ -35,9 +35,9 @@ def canonical(value: Any, argument: str) -> str:
 def run_once(db_or_tx, key: str, effect: Callable[[Tx], Any], *, payload: Any = None) -> Any:
     """Call ``effect(tx)`` once per ``key`` and return its result, as JSON gives it back.
 
-    A repeat returns the stored result, ``effect`` not called (KeyReused if ``payload`` differs).
-    Given a database it opens a transaction, given a guard's ``tx`` it joins it (a savepoint). If
-    ``effect`` raises, nothing is recorded; one that ends either, or meets its key, KeyNotRecorded.
+    Key and effect commit together; a repeat returns the stored result without calling ``effect``
+    (KeyReused if ``payload`` differs). Given a guard's ``tx`` it joins it in a savepoint. Nothing
+    is recorded if ``effect`` raises; KeyNotRecorded if it ends the transaction or meets its key.
 
     >>> from labkit import connect
     >>> db = connect()

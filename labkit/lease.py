@@ -16,7 +16,7 @@ __all__ = ["Lease", "LeaseAuthority"]
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """``name`` held by ``owner`` with the token ``generation`` until ``expires_at`` (+ ``ttl``)."""
+    """``owner`` holds ``name`` until ``expires_at``; ``generation`` strictly increases per name."""
 
     name: str
     owner: str
