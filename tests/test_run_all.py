@@ -97,6 +97,7 @@ def run_all(lesson: pathlib.Path, ipython_dir: pathlib.Path) -> tuple[list, list
     nb = nbformat.read(lesson, as_version=4)
     nb.cells += [nbformat.v4.new_code_cell(READ), nbformat.v4.new_code_cell(CLICK)]
     env = {**os.environ, "IPYTHONDIR": str(ipython_dir), "LABKIT_LIVE_SECONDS": "1"}
+    env["TMPDIR"] = str(ipython_dir)  # the live demos' run folders stay in the test's folder
     client = NotebookClient(
         nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(lesson.parent)}}
     )
