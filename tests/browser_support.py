@@ -168,7 +168,6 @@ def _server_env(workdir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("MPLBACKEND", None)  # let ipykernel pick the inline backend
     env["LABKIT_LIVE_SECONDS"] = LIVE_SECONDS
-    env["TMPDIR"] = str(workdir)  # the live demos' run folders go when the server's folder does
     for name, sub in [
         ("JUPYTER_CONFIG_DIR", "config"),
         ("JUPYTER_DATA_DIR", "data"),

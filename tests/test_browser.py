@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from labkit.engines.servers import sweep
 from prerequisites import require
 
 from browser_support import (
@@ -97,6 +99,8 @@ def lab_server():
             yield server
         finally:
             server.stop()
+            for prefix in ("labkit-run-", "labkit-server-"):  # left by the kernels' demos
+                sweep(prefix)
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from labkit.engines.servers import sweep
+
 import engines
 
 PROJECT = pathlib.Path(__file__).resolve().parents[1]
@@ -97,7 +99,6 @@ def run_all(lesson: pathlib.Path, ipython_dir: pathlib.Path) -> tuple[list, list
     nb = nbformat.read(lesson, as_version=4)
     nb.cells += [nbformat.v4.new_code_cell(READ), nbformat.v4.new_code_cell(CLICK)]
     env = {**os.environ, "IPYTHONDIR": str(ipython_dir), "LABKIT_LIVE_SECONDS": "1"}
-    env["TMPDIR"] = str(ipython_dir)  # the live demos' run folders stay in the test's folder
     client = NotebookClient(
         nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(lesson.parent)}}
     )
@@ -107,11 +108,14 @@ def run_all(lesson: pathlib.Path, ipython_dir: pathlib.Path) -> tuple[list, list
 
 @pytest.fixture(scope="module")
 def ipython_dir(tmp_path_factory):
+    """The kernels' IPython folder with the recorder; afterwards, their demos' folders are swept."""
     folder = tmp_path_factory.mktemp("ipython")
     startup = folder / "profile_default" / "startup"
     startup.mkdir(parents=True)
     (startup / "00-record-starts.py").write_text(STARTUP)
-    return folder
+    yield folder
+    for prefix in ("labkit-run-", "labkit-server-"):  # the kernels that made them are gone
+        sweep(prefix)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the course's processes are Linux processes")
