@@ -20,6 +20,7 @@ import re
 import secrets
 from typing import Any
 
+from labkit.engines.postgres_db import driver
 from labkit.errors import BadArgument, LabkitError, check_number
 
 __all__ = ["INSTALL", "NAME", "Room", "RoomRefused", "bad_name", "install"]
@@ -185,18 +186,10 @@ def bad_name(name: Any) -> str:
     return name
 
 
-def _psycopg():
-    try:
-        import psycopg
-    except ImportError:
-        raise LabkitError("classroom mode needs psycopg: pip install 'psycopg[binary]'") from None
-    return psycopg
-
-
 def install(url: str, *, ttl: float = 1.0) -> str:
     """Install the classroom on the server at ``url`` (a superuser's); return the room password."""
     ttl = check_number(ttl, "ttl", positive=True, high=3600)
-    psycopg = _psycopg()
+    psycopg = driver()
     from psycopg import sql
 
     password = secrets.token_urlsafe(18)
@@ -218,7 +211,7 @@ class Room:
     """The instructor's handle on a classroom: ``url`` is the superuser's (or the owner's)."""
 
     def __init__(self, url: str) -> None:
-        self.conn = _psycopg().connect(url, autocommit=True)
+        self.conn = driver().connect(url, autocommit=True)
 
     def close(self) -> None:
         self.conn.close()

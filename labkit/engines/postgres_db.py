@@ -39,16 +39,22 @@ class ServerGone(LabkitError):
         super().__init__(message)
 
 
+def driver():
+    """The psycopg module, imported on first use: SQLite users never need it."""
+    try:
+        import psycopg
+    except ImportError:
+        raise LabkitError("PostgreSQL needs psycopg: pip install 'psycopg[binary]'") from None
+    return psycopg
+
+
 def connect(url: str, *, busy_timeout_ms: int = 5000) -> PostgresDatabase:
     """Open a labkit database on the PostgreSQL server at ``url`` and install labkit's schema.
 
     A writer waits ``busy_timeout_ms`` for a row lock (``lock_timeout``), then raises Busy.
     """
     timeout = check_number(busy_timeout_ms, "busy_timeout_ms", integer=True, high=2**31 - 1)
-    try:
-        import psycopg
-    except ImportError:
-        raise LabkitError("PostgreSQL needs psycopg: pip install 'psycopg[binary]'") from None
+    psycopg = driver()
     shown = _check_url(url, psycopg)
     try:
         conn = psycopg.connect(url, autocommit=True, connect_timeout=10)

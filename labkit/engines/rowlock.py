@@ -12,9 +12,10 @@ import threading
 import time
 from dataclasses import dataclass
 
+from labkit.clock import RealClock
 from labkit.db import execute
 from labkit.engines import postgres
-from labkit.engines.postgres_db import connect
+from labkit.engines.postgres_db import connect, driver
 from labkit.engines.servers import MissingBinary
 from labkit.fence import Fence
 from labkit.errors import Busy, LabkitError, StaleGeneration
@@ -31,6 +32,7 @@ LOCKS = """SELECT l.locktype, coalesce(l.relation::regclass::text, '-'), l.mode,
     WHERE l.pid = ? AND (l.locktype = 'tuple' OR NOT l.granted) ORDER BY NOT l.granted"""
 WAITING = """SELECT coalesce(wait_event_type || '/' || wait_event, 'not waiting')
     FROM pg_stat_activity WHERE pid = ?"""
+_CLOCK = RealClock()  # a real-engine run: real time, read through the one clock protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +91,10 @@ def _play(watch, a, b, c, *, hold, timeout, server_pid) -> RowLock:
     seen: dict = {}
 
     def b_writes() -> None:  # B's thread: it blocks on A's fence row
-        started = time.monotonic()
+        started = _CLOCK.now()
         try:
             with fence_b.guard(8) as tx:
-                seen["waited"] = time.monotonic() - started
+                seen["waited"] = _CLOCK.now() - started
                 tx.execute(UPSERT, (X, "INV-1", 200, 8))
         except LabkitError as exc:
             seen["error"] = exc
@@ -102,9 +104,9 @@ def _play(watch, a, b, c, *, hold, timeout, server_pid) -> RowLock:
         with fence_a.guard(7) as tx:
             tx.execute(UPSERT, (X, "INV-1", 100, 7))
             thread.start()
-            deadline = time.monotonic() + timeout
+            deadline = _CLOCK.now() + timeout
             while not (event := execute(watch, WAITING, (pb,))[0][0]).startswith("Lock/"):
-                if time.monotonic() > deadline:
+                if _CLOCK.now() > deadline:
                     break
                 time.sleep(0.005)
             blocking = frozenset(execute(watch, "SELECT pg_blocking_pids(?)", (pb,))[0][0])
@@ -132,9 +134,9 @@ def demo() -> None:
     """The lesson's ▶ button: print the story, or what to install first."""
     try:
         postgres.require()
-        import psycopg  # noqa: F401
+        driver()
     except MissingBinary as missing:
         return print(f"✗ this demo needs PostgreSQL's programs: {missing}")
-    except ImportError:
-        return print("✗ this demo needs psycopg: pip install 'psycopg[binary]'")
+    except LabkitError as missing:  # no psycopg
+        return print(f"✗ this demo: {missing}")
     print(run().text)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import random
 import threading
 
-from labkit.engines.classroom import RoomRefused, _psycopg, bad_name
+from labkit.engines.classroom import RoomRefused, bad_name
+from labkit.engines.postgres_db import driver
 from labkit.errors import BadArgument, LabkitError
 
 __all__ = ["Joined", "Student", "join", "register", "work"]
@@ -29,7 +30,7 @@ class Student:
     """One student's connection as their own login role; the calls check ``name`` and ``secret``."""
 
     def __init__(self, url: str, name: str, login: str, password: str, secret: str) -> None:
-        psycopg = _psycopg()
+        psycopg = driver()
         params = psycopg.conninfo.conninfo_to_dict(url) | {"user": login, "password": password}
         self.url = psycopg.conninfo.make_conninfo(**params)
         self.name, self.login, self.password, self.secret = name, login, password, secret
@@ -37,7 +38,7 @@ class Student:
 
     def call(self, function: str, *args):
         """Call ``labkit.<function>(name, secret, *args)``; return its rows."""
-        psycopg = _psycopg()
+        psycopg = driver()
         marks = ", ".join(["%s"] * (len(args) + 2))
         try:
             return self.conn.execute(
@@ -67,7 +68,7 @@ class Student:
 
 def register(url: str, name: str) -> Student:
     """Register ``name`` through the room's ``url``; return the student, logged in as theirs."""
-    psycopg = _psycopg()
+    psycopg = driver()
     name = bad_name(name)
     if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
         raise BadArgument("url", f"{url!r} is not the room's postgresql:// URL: ask for it again")
