@@ -1,14 +1,21 @@
-"""Running a corpus answer the way a notebook does: define it, then check it as a check cell would.
+"""Running corpus answers the way a notebook does: in the sandbox, after the exercise's own cells.
 
-``TAMPER`` holds answer-cell prefixes that tamper with the grader; each is pasted
-before a wrong answer, and the check must still fail.
+``define`` runs an answer cell here, for the tests of a trial's logic (tests/test_grading_part*.py).
+``judged`` runs answers as the grader does: the solution's cells before the task's answer cell,
+then each answer cell, each judged out of process against the sandboxed worker.
+``TAMPER`` holds answer-cell prefixes that tamper with the grader in the answer's process.
 """
 
 from __future__ import annotations
 
-import importlib
+import functools
+import json
+import pathlib
 
-import labkit.grading
+from labkit.grading import judge
+from labkit.grading.notebooks import program
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def define(source: str, name: str):
@@ -18,14 +25,41 @@ def define(source: str, name: str):
     return namespace[name]
 
 
-def grade(task_id: str, answer) -> str:
-    """Call the check exactly as a check cell does; return "PASS" or the failure text."""
+@functools.cache
+def prefix(task_id: str) -> tuple:
+    """The solution's program before the answer cell of ``task_id`` (the check's cell minus one)."""
+    for path in sorted((ROOT / "solutions").glob("*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        items = program([c["source"] for c in cells if c["cell_type"] == "code"])
+        for i, item in enumerate(items):
+            if item[0] == "check" and item[1] == task_id:
+                return tuple(items[: i - 1])
+    raise KeyError(task_id)
+
+
+def judged(task_id: str, name: str, sources: dict, timeout: float = 10.0) -> dict:
+    """``{label: (passed, text)}`` for each answer cell of ``sources``, in one sandbox (a fresh
+    one, with the prefix run again, after an answer that broke it)."""
+    out, box = {}, None
     try:
-        importlib.reload(labkit.grading).check(task_id, answer)
-    except AssertionError as failure:        # CheckFailed (its class is re-created by the reload)
-        assert type(failure).__name__ == "CheckFailed"
-        return str(failure)
-    return "PASS"
+        for label, source in sources.items():
+            if box is None or box.broken:
+                if box is not None:
+                    box.close()
+                box = judge.Sandbox(timeout=timeout)
+                for number, item in enumerate(prefix(task_id)):
+                    if item[0] == "code":
+                        box.cell(item[1], number)
+            try:
+                box.cell(source, 1000)
+            except judge.Refused as exc:
+                out[label] = (False, f"the answer cell broke the sandbox: {exc}")
+                continue
+            out[label] = judge.attempt(box, task_id, name)
+    finally:
+        if box is not None:
+            box.close()
+    return out
 
 
 TAMPER = {

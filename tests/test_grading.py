@@ -12,7 +12,7 @@ import corpus_part1
 import corpus_part2
 import labkit
 import labkit.grading
-from answers import TAMPER, define, grade
+from answers import TAMPER, judged
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CORPUS = {**corpus_part1.CORPUS, **corpus_part2.CORPUS}
@@ -32,45 +32,52 @@ def test_every_task_has_enough_answers():
     assert set(CORPUS) == set(labkit.grading.TASKS)
 
 
+@pytest.fixture(scope="module")
+def verdicts():
+    """Every corpus answer, every stub and every tampering prefix judged, one sandbox per task."""
+    out = {}
+    for task_id, entry in CORPUS.items():
+        constant = next(src for label, (src, _) in entry["wrong"].items() if "constant" in label)
+        sources = {("right", k): v for k, v in entry["right"].items()}
+        sources |= {("wrong", k): v[0] for k, v in entry["wrong"].items()}
+        sources[("stub", "")] = (f"def {entry['name']}(*args, **kwargs):\n"
+                                 "    raise NotImplementedError('your answer goes here')\n")
+        sources |= {("tamper", how): TAMPER[how] + constant for how in TAMPER}
+        for (kind, label), got in judged(task_id, entry["name"], sources).items():
+            out[task_id, kind, label] = got
+    return out
+
+
 @pytest.mark.parametrize("task_id,label", cases("right"))
-def test_alternative_correct_answers_pass(task_id, label, capsys):
-    """A correct answer written in another style passes and prints the fixed pass line."""
-    entry = CORPUS[task_id]
-    assert grade(task_id, define(entry["right"][label], entry["name"])) == "PASS"
+def test_alternative_correct_answers_pass(verdicts, task_id, label):
+    """A correct answer written in another style passes in the sandbox, with the fixed pass line."""
     title = labkit.grading.TASKS[task_id].title
-    assert capsys.readouterr().out == f"PASS {task_id}: {title} held under every schedule\n"
+    assert verdicts[task_id, "right", label] == (True, f"PASS {task_id}: {title} held under every schedule")
 
 
 @pytest.mark.parametrize("task_id,label", cases("wrong"))
-def test_known_wrong_answers_fail_naming_property_and_seed(task_id, label):
+def test_known_wrong_answers_fail_naming_property_and_seed(verdicts, task_id, label):
     """A known-wrong answer fails; the message names the broken property, the seed and a replay call."""
-    entry = CORPUS[task_id]
-    source, phrase = entry["wrong"][label]
-    message = grade(task_id, define(source, entry["name"]))
-    assert message != "PASS", f"{label!r} passed"
-    assert phrase in message, message
+    passed, message = verdicts[task_id, "wrong", label]
+    assert not passed, f"{label!r} passed"
+    assert CORPUS[task_id]["wrong"][label][1] in message, message
     assert "(seed " in message and f"labkit.grading.replay({task_id!r}" in message, message
 
 
 @pytest.mark.parametrize("task_id", TASKS)
-def test_unwritten_answer_fails(task_id):
+def test_unwritten_answer_fails(verdicts, task_id):
     """The generated exercise's stub (raise NotImplementedError) fails its check."""
-    stub = define(f"def {CORPUS[task_id]['name']}(*args, **kwargs):\n"
-                  "    raise NotImplementedError('your answer goes here')\n", CORPUS[task_id]["name"])
-    assert "it still raises NotImplementedError" in grade(task_id, stub)
+    passed, message = verdicts[task_id, "stub", ""]
+    assert not passed and "it still raises NotImplementedError" in message, message
 
 
 @pytest.mark.parametrize("task_id", TASKS)
 @pytest.mark.parametrize("how", sorted(TAMPER))
-def test_tampering_with_the_grader_counts_for_nothing(task_id, how):
-    """An answer cell that rebinds labkit.grading, then a constant answer: the check cell still fails."""
-    entry = CORPUS[task_id]
-    constant = next(source for label, (source, _) in entry["wrong"].items() if "constant" in label)
-    try:
-        message = grade(task_id, define(TAMPER[how] + constant, entry["name"]))
-    finally:
-        importlib.reload(labkit.grading)
-    assert message != "PASS" and "(seed " in message, message
+def test_tampering_with_the_grader_counts_for_nothing(verdicts, task_id, how):
+    """An answer cell that rebinds labkit.grading, then a constant answer: it still fails (the
+    sandbox has no labkit.grading to rebind, and the judge shares nothing with it)."""
+    passed, message = verdicts[task_id, "tamper", how]
+    assert not passed and task_id in message, message
 
 
 def _run_exercise(name: str):

@@ -1,20 +1,23 @@
 """Grading checks: run a student's answer under many schedules and say exactly what broke.
 
-A check cell runs ``importlib.reload(labkit.grading).check("02.1", fenced_insert)``.
-Reloading re-executes this module and the check modules, so an answer cell that
-rebinds or monkeypatches ``labkit.grading`` counts for nothing. On success the
-check prints one fixed line (nbval compares it with the stored one); on failure
-it raises :class:`CheckFailed` naming the property, the schedule's seed and a
-one-line call that replays it as a timeline. Tasks are registered with
-:func:`task` in ``labkit/grading/checksNN.py``, on the laboratory of
-:mod:`labkit.grading.lab`.
+A check cell runs ``importlib.reload(labkit.grading).check("02.1", fenced_insert)``. The check
+hands the kernel's cells so far (``In``) to the judge, a process of its own
+(:mod:`labkit.grading.judge`), which runs them in a sandboxed worker and the task's trials
+against the answer there: whatever the answer cell patches in the kernel, the judge does not
+share it. On success the check prints one fixed line (nbval compares it with the stored one);
+on failure it raises :class:`CheckFailed` naming the property, the schedule's seed and a
+one-line call that replays it as a timeline. A PASS printed in a notebook is feedback only:
+``python -m labkit.grade`` judges the notebook file itself. Tasks are registered with
+:func:`task` in ``labkit/grading/checksNN.py``, on the laboratory of :mod:`labkit.grading.lab`.
 """
 
 from __future__ import annotations
 
 import importlib
-from random import Random
+import os
 import sys
+from pathlib import Path
+from random import Random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -22,8 +25,11 @@ from labkit.errors import BadArgument, LabkitError
 
 __all__ = ["check", "replay", "task", "expect", "schedules", "hostile"]
 __all__ += ["Schedule", "Broken", "CheckFailed", "TASKS", "PASS", "CHECK_MODULES"]
+__all__ += ["verdict", "failure"]
 
 PASS = "PASS {task}: {title} held under every schedule"
+#: the result types tasks declare, after JSON decoding (a bool may come back as the int 0 or 1)
+BOOL, NUMBER, NONE = (bool, int), (float, int), type(None)
 
 #: The modules that register tasks, the shared helpers first; reloading this module
 #: reloads them all, in this order.
@@ -92,31 +98,33 @@ def expect(condition: bool, prop: str, detail: str = "") -> None:
 
 
 class CheckFailed(LabkitError, AssertionError):
-    """A student's answer broke a property under one schedule.
+    """A student's answer broke a property: ``task`` is its id, the text says what, where and how
+    to replay it (see :func:`failure`)."""
 
-    Attributes: ``task`` (the id, e.g. ``"02.1"``), ``prop`` (the property, in words),
-    ``schedule`` (the :class:`Schedule` that broke it), ``detail`` (what was observed).
-    """
+    def __init__(self, task_id: str, text: str) -> None:
+        self.task = task_id
+        super().__init__(text)
 
-    def __init__(
-        self, task_id: str, prop: str, schedule: Schedule, detail: str, answer_name: str
-    ) -> None:
-        self.task, self.prop, self.schedule, self.detail = task_id, prop, schedule, detail
-        super().__init__(
-            f"task {task_id}: {prop}\n  observed: {detail}\n"
-            f"  schedule: {schedule.name} (seed {schedule.seed}, knobs {schedule.knobs})\n"
-            f"  replay it: labkit.grading.replay({task_id!r}, {answer_name}, seed={schedule.seed})"
-        )
+
+def failure(task_id: str, broken: Broken, schedule: Schedule, answer_name: str) -> str:
+    """The failure text: the property, what was observed, the schedule and a replay call."""
+    return (
+        f"task {task_id}: {broken.prop}\n  observed: {broken.detail}\n"
+        f"  schedule: {schedule.name} (seed {schedule.seed}, knobs {schedule.knobs})\n"
+        f"  replay it: labkit.grading.replay({task_id!r}, {answer_name}, seed={schedule.seed})"
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class Task:
-    """A registered task: id, title, the trial function and its schedules."""
+    """A registered task: id, title, the trial function, its schedules, and the types its
+    answer may return (after JSON decoding; empty: whatever the trial judges)."""
 
     id: str
     title: str
     trial: Callable[[Any, Schedule, list], None]
     schedules: tuple
+    returns: tuple = ()
 
 
 TASKS: dict[str, Task] = {}
@@ -126,26 +134,33 @@ def _random_story(rng: Random) -> dict:
     return {"story": "random"}
 
 
-def task(task_id: str, title: str, hostile: Iterable[dict], *, count: int = 0, make=_random_story):
+def task(
+    task_id: str, title: str, hostile: Iterable[dict], *, count=0, make=_random_story, returns=()
+):
     """Register ``trial(answer, schedule, history)`` as the check for ``task_id``.
 
     It runs under the ``hostile`` schedules, then ``count`` random ones whose knobs
     ``make(rng)`` draws (by default ``{"story": "random"}``); see :func:`schedules`.
+    ``returns`` are the types an answer may return, e.g. ``(float, int)``.
     """
     runs = tuple(schedules(hostile, count=count, make=make))
 
     def register(trial):
-        TASKS[task_id] = Task(task_id, title, trial, runs)
+        TASKS[task_id] = Task(task_id, title, trial, runs, tuple(returns))
         return trial
 
     return register
 
 
 def _run(t: Task, answer, schedule: Schedule, history: list) -> None:
+    from labkit.grading.judge import Refused
+
     try:
         t.trial(answer, schedule, history)
     except Broken:
         raise
+    except Refused as exc:  # the sandbox's boundary: no evidence is a failure
+        raise Broken("the answer runs in its sandbox and returns plain values", str(exc)) from None
     except NotImplementedError:
         raise Broken("the answer is written", "it still raises NotImplementedError") from None
     except Exception as exc:  # the answer crashed: that is a failed property too
@@ -159,19 +174,41 @@ def _task(task_id: str) -> Task:
     return TASKS[task_id]
 
 
-def check(task_id: str, answer: Any) -> None:
-    """Run ``answer`` through every schedule of ``task_id``; print the pass line.
-
-    Raises :class:`CheckFailed` (the property, the seed, a replay call) or BadArgument (no such task).
-    """
+def verdict(task_id: str, answers, name: str) -> tuple[bool, str]:
+    """Run every schedule of ``task_id``; ``answers()`` gives a context yielding the answer for
+    one schedule. Returns (passed, the pass line or the first failure's text)."""
     t = _task(task_id)
-    name = getattr(answer, "__name__", "answer")
     for schedule in t.schedules:
         try:
-            _run(t, answer, schedule, [])
+            with answers() as answer:
+                _run(t, answer, schedule, [])
         except Broken as b:
-            raise CheckFailed(task_id, b.prop, schedule, b.detail, name) from None
-    print(PASS.format(task=task_id, title=t.title))
+            return False, failure(task_id, b, schedule, name)
+    return True, PASS.format(task=task_id, title=t.title)
+
+
+def check(task_id: str, answer: Any) -> None:
+    """Judge the kernel's cells so far (``In``) for ``task_id`` out of process; print the pass line.
+
+    Raises :class:`CheckFailed` (the property, the seed, a replay call) or BadArgument (no such
+    task, or not in a notebook).
+    """
+    import json
+    import subprocess
+
+    _task(task_id)
+    shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
+    if not shell or "In" not in shell.user_ns:
+        raise BadArgument("answer", "check() judges a notebook's cells: run it in a check cell")
+    sources = [s for s in shell.user_ns["In"][1:] if isinstance(s, str)]
+    argv = [sys.executable, "-m", "labkit.grading.judge", task_id]
+    done = subprocess.run(argv, input=json.dumps(sources), capture_output=True, text=True)
+    sys.__stderr__.write(done.stderr)  # never into the check cell's compared output
+    lines = done.stdout.strip().splitlines()
+    passed, text = json.loads(lines[-1]) if lines else (False, f"task {task_id}: the judge failed")
+    if not passed:
+        raise CheckFailed(task_id, text)
+    print(text)
 
 
 def replay(task_id: str, answer: Any, *, seed: int, ax=None):
@@ -196,6 +233,25 @@ def replay(task_id: str, answer: Any, *, seed: int, ax=None):
         params=params, history=tuple(history), tables={}, violations=found, verdict=verdict
     )
     return timeline(result, ax=ax)
+
+
+#: where :func:`keys` reads the answer keys: the course's own solutions/ unless the judge is
+#: told otherwise (``--solutions``); the sandbox never sees it
+SOLUTIONS = os.environ.get("LABKIT_SOLUTIONS") or str(
+    Path(__file__).resolve().parents[2] / "solutions"
+)
+
+
+def keys(task_id: str) -> dict:
+    """The answer key of a quiz task, from ``SOLUTIONS/keys.json``."""
+    import json
+
+    try:
+        return json.loads((Path(SOLUTIONS) / "keys.json").read_text())[task_id]
+    except (OSError, ValueError, KeyError) as exc:
+        raise LabkitError(
+            f"task {task_id}: no answer key in {SOLUTIONS}/keys.json ({exc})"
+        ) from None
 
 
 def _load_checks() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from random import Random
 
-from labkit.grading import Schedule, expect, hostile, task
+from labkit.grading import BOOL, Schedule, expect, hostile, task
 from labkit.sim.history import Event
 
 
@@ -80,7 +80,7 @@ LOST_HOSTILE = hostile(
 )
 
 
-@task("01.1", "finding the lost updates", LOST_HOSTILE, count=40)
+@task("01.1", "finding the lost updates", LOST_HOSTILE, count=40, returns=(list, tuple))
 def lost_updates_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 01.1: ``answer(history) -> the committed writes whose work was lost``."""
     events, lost = _story(schedule.rng, schedule.knobs["story"])
@@ -137,7 +137,14 @@ OVERWRITE_HOSTILE = hostile(
 )
 
 
-@task("01.2", "predicting the overwrite", OVERWRITE_HOSTILE, count=24, make=_overwrite_knobs)
+@task(
+    "01.2",
+    "predicting the overwrite",
+    OVERWRITE_HOSTILE,
+    count=24,
+    make=_overwrite_knobs,
+    returns=BOOL,
+)
 def overwrite_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 01.2: ``answer(pause, ttl) -> bool``, compared with a real unprotected run."""
     from labkit.scenarios import expired_but_alive

@@ -13,11 +13,11 @@ from random import Random
 from labkit.grading.lab import busy, call, shown
 from labkit.grading.writers import FENCED_HOSTILE, JOB, OTHER, fenced_trial, generation_of, lab
 from labkit.db import execute
-from labkit.grading import Schedule, expect, hostile, task
+from labkit.grading import BOOL, NONE, Schedule, expect, hostile, task
 from labkit.sim.history import Event
 
 
-@task("02.1", "the fenced insert", FENCED_HOSTILE, count=16)
+@task("02.1", "the fenced insert", FENCED_HOSTILE, count=16, returns=BOOL)
 def fenced_insert_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 02.1: ``answer(conn, job, invoice_id, amount, generation) -> bool``."""
     fenced_trial(answer, schedule, history, batch=False)
@@ -187,7 +187,7 @@ ONCE_HOSTILE = hostile(
 )
 
 
-@task("02.2", "the charge that happens once per key", ONCE_HOSTILE, count=14)
+@task("02.2", "the charge that happens once per key", ONCE_HOSTILE, count=14, returns=(int, NONE))
 def charge_once_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 02.2: ``answer(conn, job, key, invoice_id, amount, generation) -> charge id | None``."""
     rng, story = schedule.rng, schedule.knobs["story"]

@@ -2,16 +2,17 @@
 
 * 03.1 the race-free batch writer: all invoices or none, run by
   :func:`labkit.grading.writers.fenced_trial` with batches.
-* 03.2 the two-database quiz: the answer key, with a hint per wrong answer.
+* 03.2 the two-database quiz: the answer key (in ``solutions/keys.json``), with a hint per
+  wrong answer.
 """
 
 from __future__ import annotations
 
 from labkit.grading.writers import FENCED_HOSTILE, fenced_trial
-from labkit.grading import Schedule, expect, task
+from labkit.grading import BOOL, Schedule, expect, keys, task
 
 
-@task("03.1", "the race-free batch writer", FENCED_HOSTILE, count=16)
+@task("03.1", "the race-free batch writer", FENCED_HOSTILE, count=16, returns=BOOL)
 def batch_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 03.1: ``answer(conn, job, generation, invoices) -> bool``, all invoices or none."""
     fenced_trial(answer, schedule, history, batch=True)
@@ -19,18 +20,11 @@ def batch_check(answer, schedule: Schedule, history: list) -> None:
 
 # ---------------------------------------------------------------- 03.2: why two databases fail
 
-QUIZ = {"q1": "b", "q2": "b", "q3": "a", "q4": "c"}
-_HINTS = {
-    "q1": "how many transactions, in how many files, A's fenced step really is",
-    "q2": "what resource.db knows about generations",
-    "q3": "what the one-file version's transaction held while A was paused",
-    "q4": "where the fence must live relative to the write it protects",
-}
 
-
-@task("03.2", "the two-database quiz", [{"name": "the answer key"}])
+@task("03.2", "the two-database quiz", [{"name": "the answer key"}], returns=(dict,))
 def quiz_check(answer, schedule: Schedule, history: list) -> None:
-    """Trial for 03.2: ``answer() -> {"q1": "a".."d", ...}``."""
+    """Trial for 03.2: ``answer() -> {"q1": "a".."d", ...}``, judged by the key in solutions/."""
+    QUIZ, _HINTS = (keys("03.2")[part] for part in ("answers", "hints"))
     got = answer()
     expect(
         isinstance(got, dict) and set(got) == set(QUIZ),

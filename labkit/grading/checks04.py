@@ -50,7 +50,14 @@ _COUNTER = (
 )
 
 
-@task("04.1", "the issuer that never goes backward", ISSUE_HOSTILE, count=12, make=_issue_knobs)
+@task(
+    "04.1",
+    "the issuer that never goes backward",
+    ISSUE_HOSTILE,
+    count=12,
+    make=_issue_knobs,
+    returns=(tuple, list, int),
+)
 def issuer_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 04.1: ``answer(store, authority, name, recovered) -> (epoch, counter)``."""
     from labkit.fence import token
@@ -212,6 +219,7 @@ def _lease_rows(db) -> set:
     CLEANUP_HOSTILE,
     count=12,
     make=_cleanup_knobs,
+    returns=(int,),
 )
 def cleanup_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 04.2: ``answer(conn, now) -> number of lease rows deleted``."""

@@ -12,7 +12,7 @@ from random import Random
 
 from labkit.grading.lab import lease_event, scratch
 from labkit.clock import VirtualClock
-from labkit.grading import Schedule, expect, hostile, task
+from labkit.grading import NUMBER, Schedule, expect, hostile, task
 from labkit.sim.history import Event, check as violations
 from labkit.lease import LeaseAuthority
 
@@ -45,7 +45,14 @@ DEADLINE_HOSTILE = hostile(
 )
 
 
-@task("05.1", "the conservative local deadline", DEADLINE_HOSTILE, count=40, make=_deadline_knobs)
+@task(
+    "05.1",
+    "the conservative local deadline",
+    DEADLINE_HOSTILE,
+    count=40,
+    make=_deadline_knobs,
+    returns=NUMBER,
+)
 def deadline_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 05.1: ``answer(send_time, ttl, margin, max_drift) -> local deadline``."""
     k = schedule.knobs

@@ -14,7 +14,7 @@ from random import Random, getstate as global_state, seed as seed_global, setsta
 from labkit.grading.lab import between_statements, lease_event, scratch
 from labkit.clock import VirtualClock
 from labkit.db import execute
-from labkit.grading import Schedule, expect, hostile, task
+from labkit.grading import BOOL, NUMBER, Schedule, expect, hostile, task
 from labkit.sim.history import Event, check as violations
 from labkit.lease import LeaseAuthority
 
@@ -58,6 +58,7 @@ def _leases(db) -> list[tuple]:
     RELEASE_HOSTILE,
     count=16,
     make=_release_knobs,
+    returns=BOOL,
 )
 def release_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 06.1: ``answer(db, name, owner, generation) -> bool``."""
@@ -179,7 +180,14 @@ def _attempts(base: float, cap: float, count: int) -> list[int]:
     return list(range(min(count, grow + 3))) + [count + 20, 100]
 
 
-@task("06.2", "jittered exponential backoff", BACKOFF_HOSTILE, count=6, make=_backoff_knobs)
+@task(
+    "06.2",
+    "jittered exponential backoff",
+    BACKOFF_HOSTILE,
+    count=6,
+    make=_backoff_knobs,
+    returns=NUMBER,
+)
 def backoff_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 06.2: ``answer(attempt, *, base, cap, rng) -> seconds``."""
     k = schedule.knobs

@@ -57,7 +57,9 @@ def _claim_rows(db) -> dict:
     }
 
 
-@task("07.1", "the careful sweeper", SWEEP_HOSTILE, count=16, make=_sweep_knobs)
+@task(
+    "07.1", "the careful sweeper", SWEEP_HOSTILE, count=16, make=_sweep_knobs, returns=(list, tuple)
+)
 def sweep_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 07.1: ``answer(db, now, older_than) -> list of requeued jobs``."""
     from labkit.mechanisms.recovery import Claims

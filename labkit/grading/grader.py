@@ -1,18 +1,17 @@
-"""Grade a folder of submitted exercise notebooks with nbval and print a scorecard.
+"""Grade a folder of submitted exercise notebooks and print a scorecard.
 
 Usage: ``python -m labkit.grade SUBMISSIONS... [--junit out.xml] [--csv out.csv]
-[--cell-timeout 30] [--solutions solutions/]``.
+[--cell-timeout 30] [--solutions solutions/] [--jobs N] [--only STUDENT]``.
 
 SUBMISSIONS are notebooks or folders searched for ``*.ipynb``. A submission's
 student is the name of its folder (or, lying directly in a folder given on the
 command line, its file name); its exercise is the solution whose check cells carry
 the same ``task:`` tags (failing that, the one with the same file name). The
 canonical check cells are put back (edited or deleted ones count for nothing), and
-each notebook runs in its own temporary folder under ``pytest --nbval-lax`` with a
-per-cell timeout. A task passes only if its check cell passed (after a timeout
-nbval xfails the later cells: they fail here) and passes again outside the
-student's kernel (:mod:`labkit.grading.verify`). A notebook that is not valid
-JSON, crashes its kernel or loops forever costs that student only.
+the notebook's code cells are judged out of process (:mod:`labkit.grading.judge`):
+they run in order in a sandboxed worker, and each task's trials run against the answer
+there. Stored outputs are never read. A notebook that is not JSON, is over 5 MB, has
+no task cells, loops, fork-bombs, fills its disk or exits costs that student only.
 
 The exit status says whether grading ran (0), not whether students passed.
 """
@@ -20,15 +19,14 @@ The exit status says whether grading ran (0), not whether students passed.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import copy
 import csv
 import json
+import multiprocessing
 import os
 import pathlib
-import secrets
-import subprocess
 import sys
-import tempfile
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
@@ -42,7 +40,8 @@ class Submission:
     """One notebook being graded.
 
     Attributes: ``path``, ``student``, ``exercise`` (the matching solution's file name, or
-    None), ``results`` (task id -> "pass" / "fail"), ``problem`` (why it could not be run).
+    None), ``results`` (task id -> "pass" / "fail"), ``problem`` (why the notebook could not be
+    run), ``notes`` (task id -> why that task failed).
     """
 
     path: pathlib.Path
@@ -50,6 +49,7 @@ class Submission:
     exercise: str | None = None
     results: dict = field(default_factory=dict)
     problem: str | None = None
+    notes: dict = field(default_factory=dict)
 
 
 def task_of(cell) -> str | None:
@@ -91,162 +91,138 @@ def _collect(paths: list[str]) -> list[Submission]:
     return found
 
 
-def _prepare(
-    sub: Submission, solutions: dict[str, dict], workdir: pathlib.Path
-) -> pathlib.Path | None:
+MAX_BYTES = 5 << 20
+
+
+def _prepare(sub: Submission, solutions: dict[str, dict]) -> dict | None:
+    """The submission with its canonical check cells, or None (``problem`` says why)."""
+    nb, tags = None, set()
     try:
+        if sub.path.stat().st_size > MAX_BYTES:
+            raise ValueError(f"it is over {MAX_BYTES >> 20} MB")
         nb = json.loads(sub.path.read_text())
         tags = set(_tasks(nb))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        sub.problem, nb, tags = f"not a readable notebook: {exc}", None, set()
+        if not isinstance(nb["cells"], list):
+            raise ValueError("its cells are not a list")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        sub.problem, nb = f"not a readable notebook: {exc}", None
     match = next((n for n, s in solutions.items() if tags and tags & set(_tasks(s))), None)
     match = match or next((n for n in solutions if sub.path.name.endswith(n)), None)
     sub.exercise = match
     if match is None:
-        sub.problem = sub.problem or "matches no exercise in solutions/"
+        sub.problem = sub.problem or "matches no exercise in solutions/ (it has no task cells)"
         return None
     sub.results = {t: "fail" for t in _tasks(solutions[match])}
     if nb is None:
         return None
-    folder = workdir / f"{len(list(workdir.iterdir())):03d}"
-    folder.mkdir()
-    target = folder / match
-    target.write_text(json.dumps(restore_checks(nb, solutions[match])))
-    return target
+    if not tags:
+        sub.problem = "it has no task cells: the canonical check cells were put back at its end"
+    return restore_checks(nb, solutions[match])
 
 
-def _run_nbval(notebooks: list[pathlib.Path], cell_timeout: int, report: pathlib.Path) -> None:
-    flags = "-q -p no:cacheprovider -p no:hypothesispytest --nbval-lax --nbval-current-env"
-    cmd = [sys.executable, "-m", "pytest", *flags.split(), f"--nbval-cell-timeout={cell_timeout}"]
-    cmd += [f"--junitxml={report}", "--rootdir", str(report.parent)]
-    cmd += [str(n.relative_to(report.parent)) for n in notebooks]
-    limit = 60 + len(notebooks) * 60 + cell_timeout * 4
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    try:
-        subprocess.run(cmd, cwd=report.parent, timeout=limit, check=False, **quiet)
-    except subprocess.TimeoutExpired:
-        pass  # whatever the report holds is what passed; the rest fails
+def _judge(job: tuple) -> tuple[dict, dict]:
+    """Judge one prepared notebook: ``({task: "pass" | "fail"}, {task: why, when it failed})``."""
+    from labkit.grading import judge
+    from labkit.grading.notebooks import cell_source, program
 
+    nb, tasks, hide, timeout, solutions = job
+    os.environ["LABKIT_SOLUTIONS"] = str(solutions)  # the judge reads the keys from there
+    import labkit.grading
 
-def _passed_cells(report: pathlib.Path, root: pathlib.Path) -> dict[str, set[int]]:
-    """Notebook path (relative to ``root``) -> numbers of the code cells that passed."""
-    passed: dict[str, set[int]] = {}
-    timed_out: dict[str, int] = {}
-    if not report.exists():
-        return passed
-    for case in ET.parse(report).getroot().iter("testcase"):
-        name, where = case.get("name", ""), case.get("classname", "")
-        if not name.startswith("Cell "):
-            continue
-        number, entry = int(name.split()[1]), passed.setdefault(where, set())
-        if not len(case):  # a failure, error, skip or xfail child means: not a pass
-            entry.add(number)
-        elif any("Timeout" in (child.get("message") or "") for child in case):
-            timed_out[where] = min(number, timed_out.get(where, number))
-    for where, first in timed_out.items():  # nbval xfails/xpasses what follows a timeout
-        passed[where] = {n for n in passed[where] if n < first}
-    return passed
-
-
-def _key(target: pathlib.Path, root: pathlib.Path) -> str:
-    return ".".join(target.relative_to(root).parts)
-
-
-def _score(sub: Submission, target: pathlib.Path, ok: set[int]) -> None:
-    cells = [c for c in json.loads(target.read_text())["cells"] if c["cell_type"] == "code"]
-    for number, cell in enumerate(cells):
-        tid = task_of(cell)
-        if tid in sub.results:
-            sub.results[tid] = "pass" if number in ok else "fail"
+    labkit.grading.SOLUTIONS = str(solutions)
+    items = program([cell_source(c) for c in nb["cells"] if c.get("cell_type") == "code"])
+    verdicts = judge.judge(items, set(tasks), hide=hide, timeout=timeout)
+    results = {t: "pass" if verdicts.get(t, (False,))[0] else "fail" for t in tasks}
+    notes = {t: verdicts[t][1] for t in tasks if results[t] == "fail" and t in verdicts}
+    return results, notes
 
 
 def grade(
-    paths: list[str], *, solutions=ROOT / "solutions", cell_timeout: int = 30, progress=sys.stderr
+    paths: list[str],
+    *,
+    solutions=ROOT / "solutions",
+    cell_timeout: int = 30,
+    jobs: int = 1,
+    only: str | None = None,
+    hide=(),
+    progress=sys.stderr,
 ) -> list[Submission]:
-    """Grade every submission under ``paths``; return them with per-task results.
-
-    All notebooks run in one pytest process (one kernel each); a notebook the
-    batch could not report on is run again alone, so one bad notebook costs
-    only its own student.
-    """
+    """Grade every submission under ``paths`` (only ``only``'s, if given); return them with
+    per-task results. ``jobs`` notebooks are judged at once; ``hide`` names more folders the
+    answers must not see (the submissions and the solutions are always hidden)."""
+    solutions = pathlib.Path(solutions).resolve()
     canon = _canonical(solutions)
-    subs = _collect(paths)
-    with tempfile.TemporaryDirectory(prefix="labkit-grade-") as tmp:
-        root = pathlib.Path(tmp)
-        (root / "work").mkdir()
-        jobs = [(s, t) for s in subs if (t := _prepare(s, canon, root / "work")) is not None]
-        print(f"grading {len(jobs)} notebooks ...", file=progress, flush=True)
-        passed = {}
-        if jobs:
-            _run_nbval([t for _, t in jobs], cell_timeout, root / "report.xml")
-            passed = _passed_cells(root / "report.xml", root)
-        for done, (sub, target) in enumerate(jobs, 1):
-            if _key(target, root) not in passed:  # the batch said nothing of it: alone, once
-                report = root / f"alone-{done}.xml"
-                _run_nbval([target], cell_timeout, report)
-                passed.update(_passed_cells(report, root))
-            if _key(target, root) not in passed:
-                sub.problem = "the notebook could not be run (kernel crash or timeout)"
-            _score(sub, target, passed.get(_key(target, root), set()))
-            _verify(sub, target, cell_timeout)
-            bar = "#" * (30 * done // len(jobs))
-            line = f"\r[{bar:<30}] {done}/{len(jobs)} {sub.student}"
-            print(line, end="", file=progress, flush=True)
-        if jobs:
-            print(file=progress)
+    subs = [s for s in _collect(paths) if only is None or s.student == only]
+    folders = {
+        str(
+            pathlib.Path(p).resolve().parent
+            if pathlib.Path(p).is_file()
+            else pathlib.Path(p).resolve()
+        )
+        for p in paths
+    }
+    hidden = (*sorted(folders), str(solutions), *map(str, hide))
+    work = [(s, nb) for s in subs if (nb := _prepare(s, canon)) is not None]
+    print(f"grading {len(work)} notebooks ...", file=progress, flush=True)
+    args = [(nb, list(s.results), hidden, float(cell_timeout), solutions) for s, nb in work]
+    pool = None
+    if jobs > 1 and len(work) > 1:
+        pool = concurrent.futures.ProcessPoolExecutor(
+            jobs, mp_context=multiprocessing.get_context("fork")
+        )
+    try:
+        outcomes = pool.map(_judge, args) if pool else map(_judge, args)
+        for done, ((sub, _), (results, notes)) in enumerate(zip(work, outcomes), 1):
+            sub.results, sub.notes = results, notes
+            bar = "#" * (30 * done // len(work))
+            print(
+                f"\r[{bar:<30}] {done}/{len(work)} {sub.student}", end="", file=progress, flush=True
+            )
+    finally:
+        if pool:
+            pool.shutdown(cancel_futures=True)
+    if work:
+        print(file=progress)
     return subs
 
 
-def _verify(sub: Submission, target: pathlib.Path, cell_timeout: int) -> None:
-    """Re-check outside the student's kernel every task that passed under nbval."""
-    passed = [t for t, outcome in sub.results.items() if outcome == "pass"]
-    if not passed:
-        return
-    nonce = secrets.token_hex(16)
-    cells = len(json.loads(target.read_text())["cells"])
-    try:
-        out = subprocess.run(
-            [sys.executable, "-m", "labkit.grading.verify", str(target)],
-            cwd=target.parent,
-            capture_output=True,
-            text=True,
-            timeout=60 + cell_timeout * cells,
-            env={**os.environ, "LABKIT_VERIFY_NONCE": nonce, "MPLBACKEND": "Agg"},
-        )
-        line = next((l for l in out.stdout.splitlines() if l.startswith(nonce)), None)
-        verdicts = json.loads(line[len(nonce) :]) if line else {}
-    except subprocess.TimeoutExpired:
-        verdicts = {}
-    for task in passed:
-        verdict = verdicts.get(task, "fail: the re-check outside the notebook gave no answer")
-        if verdict != "pass":
-            sub.results[task] = "fail"
-            sub.problem = (
-                f"task {task} passed in the notebook but not when re-checked outside it ({verdict})"
-            )
+def _why(s: Submission, tid: str) -> str:
+    """What to say of one failed task: its own note, else the notebook's problem."""
+    return s.notes.get(tid) or s.problem or f"task {tid} failed its check"
+
+
+def totals(subs: list[Submission]) -> dict[str, int]:
+    """Tasks passed per student, over all of their notebooks."""
+    out: dict[str, int] = {}
+    for s in subs:
+        out[s.student] = out.get(s.student, 0) + sum(v == "pass" for v in s.results.values())
+    return out
 
 
 def scorecard(subs: list[Submission]) -> str:
-    """Return the scorecard: a row per student, a column per task."""
-    tasks = sorted({t for s in subs for t in s.results})
+    """Return the scorecard: a row per notebook, a column per task, the student's total."""
+    tasks, total = sorted({t for s in subs for t in s.results}), totals(subs)
     width = max([len("student")] + [len(s.student) for s in subs])
-    lines = ["student".ljust(width) + "  " + "  ".join(t.ljust(5) for t in tasks) + "  notebook"]
+    head = "student".ljust(width) + "  " + "  ".join(t.ljust(5) for t in tasks)
+    lines = [head + "  total  notebook"]
     for s in subs:
         cells = "  ".join(s.results.get(t, "-").ljust(5) for t in tasks)
         note = (s.exercise or s.path.name) + (f"  ({s.problem})" if s.problem else "")
-        lines.append(f"{s.student.ljust(width)}  {cells}  {note}")
+        lines.append(f"{s.student.ljust(width)}  {cells}  {total[s.student]:<5}  {note}")
     return "\n".join(lines)
 
 
 def write_junit(subs: list[Submission], path: pathlib.Path) -> None:
-    """Write one testcase per (notebook, task), failed or passed."""
+    """Write one testcase per (notebook, task), failed or passed; a failure says why that task."""
     suite = ET.Element("testsuite", name="labkit-grade")
     for s in subs:
         for tid, outcome in s.results.items():
             where = f"{s.student}.{s.exercise}"
             case = ET.SubElement(suite, "testcase", classname=where, name=f"task {tid}")
             if outcome != "pass":
-                ET.SubElement(case, "failure", message=s.problem or f"task {tid} failed its check")
+                ET.SubElement(case, "failure", message=_why(s, tid).split("\n")[0]).text = _why(
+                    s, tid
+                )
         if not s.results:
             case = ET.SubElement(suite, "testcase", classname=s.student, name=s.path.name)
             ET.SubElement(case, "failure", message=s.problem or "not graded")
@@ -256,13 +232,15 @@ def write_junit(subs: list[Submission], path: pathlib.Path) -> None:
 
 
 def write_csv(subs: list[Submission], path: pathlib.Path) -> None:
-    """Write student, notebook, task, outcome rows."""
+    """Write student, notebook, task, outcome, problem (that task's), and the student's total."""
+    total = totals(subs)
     with open(path, "w", newline="") as f:
         out = csv.writer(f)
-        out.writerow(["student", "notebook", "task", "outcome", "problem"])
+        out.writerow(["student", "notebook", "task", "outcome", "problem", "total"])
         for s in subs:
             for tid, outcome in s.results.items():
-                out.writerow([s.student, s.exercise, tid, outcome, s.problem or ""])
+                why = "" if outcome == "pass" else _why(s, tid).split("\n")[0]
+                out.writerow([s.student, s.exercise, tid, outcome, why, total[s.student]])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,8 +251,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--csv", type=pathlib.Path)
     parser.add_argument("--cell-timeout", type=int, default=30)
     parser.add_argument("--solutions", type=pathlib.Path, default=ROOT / "solutions")
+    parser.add_argument("--jobs", type=int, default=1, help="notebooks judged at once")
+    parser.add_argument("--only", help="grade only this student")
     args = parser.parse_args(argv)
-    subs = grade(args.submissions, solutions=args.solutions, cell_timeout=args.cell_timeout)
+    outputs = [p.resolve().parent for p in (args.junit, args.csv) if p]
+    subs = grade(
+        args.submissions, solutions=args.solutions, cell_timeout=args.cell_timeout,
+        jobs=max(1, args.jobs), only=args.only, hide=outputs,
+    )  # fmt: skip
     print(scorecard(subs))
     if args.junit:
         write_junit(subs, args.junit)

@@ -19,7 +19,7 @@ import pathlib
 import re
 import sys
 
-__all__ = ["exercise_from_solution", "build", "stale", "CHECK_MARK"]
+__all__ = ["exercise_from_solution", "build", "stale", "program", "CHECK_MARK"]
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CHECK_MARK = "# NBVAL_CHECK_OUTPUT"
@@ -39,6 +39,23 @@ def cell_source(cell) -> str:
 def is_check(cell) -> bool:
     """Whether ``cell`` is a grading check cell."""
     return cell.get("cell_type") == "code" and cell_source(cell).lstrip().startswith(CHECK_MARK)
+
+
+CHECK_CALL = re.compile(r"check\(\s*[\"'](\d\d\.\d)[\"']\s*,\s*([A-Za-z_]\w*)\s*\)")
+
+
+def program(sources: list[str]) -> list[tuple]:
+    """What the judge runs, from a notebook's code cells in order (the grader) or the kernel's
+    ``In`` (a check cell): ``("code", source)`` per cell, ``("check", task, name)`` per check
+    cell; ``# NBVAL_SKIP`` cells are left out."""
+    items = []
+    for source in sources:
+        if source.lstrip().startswith(CHECK_MARK):
+            if found := CHECK_CALL.search(source):
+                items.append(("check", *found.groups()))
+        elif not source.lstrip().startswith("# NBVAL_SKIP"):
+            items.append(("code", source))
+    return items
 
 
 def strip_answer(source: str) -> str:

@@ -1,0 +1,311 @@
+"""The judge: runs a notebook's answers in a sandboxed worker and every trial in its own process.
+
+:class:`Sandbox` starts :mod:`labkit.grading.worker` under bubblewrap (no network, no
+capabilities, a read-only system, only ``labkit/`` of the checkout and the venv visible, one
+small writable ``/tmp``; CPU, memory, file-size, process and wall-clock limits). Without
+bubblewrap it runs the worker out of process with the same limits and says on stderr that it is
+unsandboxed. :meth:`Sandbox.answer` forks a fresh copy of the answer's process for one schedule
+and gives the trial a :class:`RemoteAnswer`: calling it sends the call, then serves the answer's
+requests on the judge's own objects until the answer returns. What comes back is plain values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import resource
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+
+import sqlite_utils
+
+from labkit.engines.servers import kill_tree
+from labkit.grading import wire
+
+__all__ = ["Sandbox", "RemoteAnswer", "Refused", "sandboxed"]
+
+WIRE = pathlib.Path(wire.__file__)
+WORKER, LABKIT = WIRE.with_name("worker.py"), WIRE.parents[1]
+#: per worker: CPU seconds, address space, largest file, open files, processes, /tmp size
+LIMITS = {"cpu": 60, "memory": 2 << 30, "file": 16 << 20, "files": 256, "procs": 32}
+TMP_BYTES = 64 << 20
+PIDS = pathlib.Path("/sys/fs/cgroup/pids")
+
+
+class Refused(BaseException):
+    """The answer's process broke the rules of the boundary: it died, went silent, took too long
+    or sent what is not a plain value. A BaseException, so that no trial's ``except`` eats it."""
+
+
+def bwrap() -> str | None:
+    """The bubblewrap binary, or None (``LABKIT_NO_SANDBOX=1`` pretends it is missing)."""
+    return None if os.environ.get("LABKIT_NO_SANDBOX") == "1" else shutil.which("bwrap")
+
+
+def sandboxed() -> bool:
+    """Whether answers run under bubblewrap here."""
+    return bwrap() is not None
+
+
+def _hidden(hide) -> list[str]:
+    checkout = LABKIT.parent
+    places = ["/tmp", "/var/tmp", "/root", "/home", checkout, *hide, tempfile.gettempdir()]
+    return sorted({str(pathlib.Path(p).resolve()) for p in places if os.path.isdir(p)}, key=len)
+
+
+def _argv(tool: str, hide) -> list[str]:
+    """bwrap's options: hide the places of people's files, then show only what Python needs."""
+    argv = [tool, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    for place in _hidden(hide):
+        argv += ["--tmpfs", place]
+    argv += ["--size", str(TMP_BYTES), "--tmpfs", "/tmp"]
+    for place in sorted({sys.base_prefix, sys.prefix, str(LABKIT)}, key=len):
+        argv += ["--ro-bind", place, place]
+    argv += ["--tmpfs", str(LABKIT / "grading"), "--ro-bind", str(WORKER), "/tmp/.labkit/worker.py"]
+    argv += ["--ro-bind", str(WIRE), "/tmp/.labkit/wire.py"]
+    argv += ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    argv += ["--chdir", "/tmp", "--setenv", "HOME", "/tmp"]
+    return argv + [sys.executable, "-I", "/tmp/.labkit/worker.py"]
+
+
+def _pids_group() -> pathlib.Path | None:
+    """A pids cgroup for one worker (as root RLIMIT_NPROC is ignored), or None if none can be made."""
+    with contextlib.suppress(OSError):
+        group = PIDS / f"labkit-judge-{os.getpid()}-{id(object())}"
+        group.mkdir()
+        (group / "pids.max").write_text(str(LIMITS["procs"]))
+        return group
+    return None
+
+
+def _limits(group: pathlib.Path | None):
+    def preexec() -> None:
+        cpu, memory = LIMITS["cpu"], LIMITS["memory"]
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (LIMITS["file"], LIMITS["file"]))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (LIMITS["files"], LIMITS["files"]))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if group is not None:
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+        elif os.getuid() != 0:
+            resource.setrlimit(resource.RLIMIT_NPROC, (LIMITS["procs"], LIMITS["procs"]))
+
+    return preexec
+
+
+class Sandbox(wire.Peer):
+    """One worker process for one notebook: run its cells, then fork it per schedule.
+
+    ``hide`` lists more folders the answer must not see (submissions, outputs, solutions).
+    ``broken`` once the worker stopped answering: it must be replaced.
+    """
+
+    def __init__(self, *, hide=(), timeout: float = 30.0, warn=sys.stderr) -> None:
+        self.timeout, self.broken, self.child = timeout, False, False
+        self.group, self.folder = _pids_group(), None
+        rj, wj = os.pipe()  # worker -> judge
+        rw, ww = os.pipe()  # judge -> worker
+        super().__init__(wire.Channel(rj, ww))
+        tool = bwrap()
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "MPLBACKEND": "Agg", "HOME": "/tmp"}
+        env["OPENBLAS_NUM_THREADS"] = "1"
+        if tool:
+            argv, cwd = _argv(tool, hide), "/"
+        else:
+            print("labkit.grading: bubblewrap is missing: answers run UNSANDBOXED", file=warn)
+            self.folder = tempfile.mkdtemp(prefix="labkit-answer-")
+            argv, cwd = [sys.executable, "-I", str(WORKER)], self.folder
+        self.process = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, pass_fds=(3, 4),
+            preexec_fn=_both(_limits(self.group), {rw: 3, wj: 4}),
+        )  # fmt: skip
+        os.close(rw), os.close(wj)
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.channel.send({"op": "quit"})
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=1)
+        kill_tree(self.process)
+        if self.group is not None:
+            with contextlib.suppress(OSError):
+                for pid in (self.group / "cgroup.procs").read_text().split():
+                    os.kill(int(pid), 9)
+            with contextlib.suppress(OSError):
+                self.group.rmdir()
+        for fd in (self.channel.rfd, self.channel.wfd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if self.folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    def wait(self) -> dict:
+        try:
+            message = self.channel.recv(self.timeout)
+        except (OSError, wire.ChannelClosed, TimeoutError) as exc:
+            self.broken = True
+            raise Refused(f"the answer's process stopped answering ({exc})") from None
+        if message.get("op") == "done":
+            self.child = False
+            raise Refused("the answer's process exited in the middle of a call")
+        return message
+
+    def unexpected(self, message: dict) -> None:
+        self.broken = True
+        raise Refused(f"the answer's process sent {str(message.get('op'))[:40]!r} out of turn")
+
+    def _ask(self, message: dict, reply: bool = True) -> dict | None:
+        try:
+            self.channel.send(message)
+        except OSError as exc:
+            self.broken = True
+            raise Refused(f"the answer's process is gone ({exc})") from None
+        return self.wait() if reply else None
+
+    def cell(self, source: str, number: int) -> str | None:
+        """Run one code cell in the worker; its error in words, or None."""
+        return self._ask({"op": "cell", "source": source, "number": number}).get("error")
+
+    def kind(self, value) -> list:
+        if isinstance(value, sqlite3.Connection):
+            return ["conn"]
+        if isinstance(value, sqlite_utils.Database):
+            return ["db", self.handle(value.conn)[1]]
+        kind = type(value)
+        return ["object", kind.__module__, kind.__qualname__]
+
+    @contextlib.contextmanager
+    def answer(self, name: str, returns: tuple):
+        """Fork the answer's process for one schedule; yield ``name`` there as a RemoteAnswer
+        (None if the notebook defines no such function)."""
+        if self.broken:
+            raise Refused("the answer's process stopped answering")
+        self.mine.clear(), self.theirs.clear(), self.ids.clear(), self.raised.clear()
+        self._ask({"op": "fork"}, reply=False)
+        self.child = True
+        try:
+            found = self._ask({"op": "answer", "name": name}).get("value")
+            if not isinstance(found, list) or found[0] != "H":
+                raise Refused(f"the notebook defines no function {name!r}")
+            yield RemoteAnswer(self, found[1], name, returns)
+        finally:
+            if self.child and not self.broken:  # else its parent's "done" came already
+                with contextlib.suppress(Refused):
+                    self._ask({"op": "exit"})
+
+
+def _both(preexec, fds: dict):
+    def run() -> None:
+        high = {os.dup(source): target for source, target in fds.items()}  # 3 or 4 may be taken
+        for source, target in high.items():
+            os.dup2(source, target)
+        preexec()
+
+    return run
+
+
+class RemoteAnswer:
+    """The answer, as the trial calls it: each call is a request to the answer's process, whose
+    result must be plain values of the task's declared types."""
+
+    def __init__(self, box: Sandbox, ident, name: str, returns: tuple) -> None:
+        self.box, self.ident, self.__name__, self.returns = box, ident, name, returns
+
+    def __call__(self, *args, **kwargs):
+        box = self.box
+        try:
+            data = box.request(self.ident, "call", list(args), kwargs, raw=True)
+        except (Exception, Refused):  # the answer's exception, rebuilt as a class we know
+            raise
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt: not the judge's to obey
+            raise Refused(f"the answer raised {type(exc).__name__}: {exc}") from None
+        try:
+            value = wire.decode(data, self._ours)
+        except wire.NotCrossable as exc:
+            raise Refused(f"the answer returned a {exc}: only plain values cross") from None
+        if self.returns and type(value) not in self.returns:
+            names = " or ".join("None" if t is type(None) else t.__name__ for t in self.returns)
+            raise Refused(f"the answer returns {names}; it returned a {type(value).__name__}")
+        return value
+
+    def _ours(self, tagged):
+        if tagged[0] != "Y":
+            raise wire.NotCrossable("object of its own")
+        return self.box.resolve(tagged)
+
+
+def judge(items: list[tuple], tasks=None, *, hide=(), timeout: float = 30.0) -> dict:
+    """Judge a program (:func:`labkit.grading.notebooks.program`): run its code in one
+    sandbox, and each task (of ``tasks``; None: all) at its last check. Returns
+    ``{task: (passed, text)}``; a sandbox that breaks is replaced and its cells run again."""
+    last = {item[1]: i for i, item in enumerate(items) if item[0] == "check"}
+    wanted = [t for t in last if tasks is None or t in tasks]
+    results, box, ran = {}, None, 0
+    try:
+        for i, item in enumerate(items):
+            if not any(last[t] >= i for t in wanted):
+                break
+            if box is None or box.broken:
+                if box is not None:
+                    box.close()
+                box, ran = Sandbox(hide=hide, timeout=timeout), 0
+                for j, code in enumerate(items[:i]):
+                    if code[0] == "code":
+                        _cell(box, code[1], j)
+            if item[0] == "code":
+                _cell(box, item[1], i)
+            elif item[1] in wanted and last[item[1]] == i:
+                results[item[1]] = attempt(box, item[1], item[2])
+    finally:
+        if box is not None:
+            box.close()
+    for t in wanted:
+        results.setdefault(t, (False, f"task {t}: its check never ran"))
+    return results
+
+
+def _cell(box: Sandbox, source: str, number: int) -> None:
+    with contextlib.suppress(Refused):  # a cell that hangs: the next item finds the box broken
+        box.cell(source, number)
+
+
+def attempt(box: Sandbox, task_id: str, name: str) -> tuple[bool, str]:
+    """Judge the answer ``name`` in ``box`` (its cells run) for ``task_id``: (passed, text)."""
+    from labkit.grading import TASKS, verdict
+
+    task = TASKS.get(task_id)
+    if task is None:
+        return False, f"task {task_id}: no such task"
+    try:
+        return verdict(task.id, lambda: box.answer(name, task.returns), name)
+    except Refused as exc:
+        return False, f"task {task.id}: {exc}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m labkit.grading.judge TASK`` < JSON list of cell sources: print the verdict."""
+    import json
+
+    from labkit.grading.notebooks import program
+
+    task = (argv if argv is not None else sys.argv[1:])[0]
+    sources = json.loads(sys.stdin.read())
+    passed, text = judge(program(sources), {task}).get(task, (False, f"no check of {task}"))
+    print(json.dumps([passed, text]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""The one codec and request loop that the judge and the sandboxed worker share.
+
+Messages are JSON objects, one per line, over a pair of file descriptors (:class:`Channel`).
+Values cross as the plain types of :func:`encode`; every other object stays where it lives and
+the other side gets a :class:`Remote` of it, whose uses are requests (:class:`Peer`). This
+module imports nothing of ``labkit.grading``: the sandbox sees it and no check. Hand-written
+because the message set is a handful of operations over a pipe; an RPC library would be one
+more dependency for the sandbox to carry, and none lets a request nest inside another's reply.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import importlib
+import json
+import os
+import select
+import sys
+
+#: True in the sandboxed worker: classes may be imported; the judge only uses what it loaded
+SANDBOX = False
+
+LIMIT = 8 << 20  # the longest message either side accepts, in bytes
+
+
+class ChannelClosed(Exception):
+    """The other side is gone, or sent what is not a message (``why`` says which)."""
+
+
+class Channel:
+    """Newline-framed JSON over two file descriptors, with a deadline on every read."""
+
+    def __init__(self, rfd: int, wfd: int) -> None:
+        self.rfd, self.wfd, self.buffer = rfd, wfd, b""
+
+    def send(self, message: dict) -> None:
+        data = json.dumps(message, separators=(",", ":")).encode() + b"\n"
+        while data:
+            data = data[os.write(self.wfd, data) :]
+
+    def recv(self, timeout: float | None = None) -> dict:
+        while b"\n" not in self.buffer:
+            if len(self.buffer) > LIMIT:
+                raise ChannelClosed(f"a message over {LIMIT} bytes")
+            if timeout is not None and not select.select([self.rfd], [], [], timeout)[0]:
+                raise TimeoutError(f"no answer within {timeout:g} s")
+            chunk = os.read(self.rfd, 1 << 16)
+            if not chunk:
+                raise ChannelClosed("the other side closed the channel")
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        try:
+            message = json.loads(line)
+        except ValueError:
+            raise ChannelClosed("a message that is not JSON") from None
+        if not isinstance(message, dict):
+            raise ChannelClosed("a message that is not an object")
+        return message
+
+
+class NotCrossable(TypeError):
+    """A value of a type that cannot cross the boundary (``kind`` names it)."""
+
+
+def _allowed(module: str) -> bool:
+    return module in ("builtins", "sqlite3") or (
+        module.startswith("labkit.") and not module.startswith("labkit.grading")
+    )
+
+
+def encode(value, handle):
+    """``value`` as JSON: exact None/bool/int/float/str, tagged lists ``["L", ...]``, tuples
+    ``["T", ...]``, dicts ``["D", pairs]``, bytes ``["B", b64]``, labkit frozen dataclasses
+    ``["E", module, name, fields]`` (rebuilt field by field, ``__post_init__`` skipped: a
+    ``Tx`` keeps its connection); anything else becomes ``handle(value)``."""
+    kind = type(value)
+    if value is None or kind in (bool, int, float, str):
+        return value
+    if kind in (list, tuple):
+        return ["L" if kind is list else "T", [encode(v, handle) for v in value]]
+    if kind is dict:
+        return ["D", [[encode(k, handle), encode(v, handle)] for k, v in value.items()]]
+    if kind is bytes:
+        return ["B", base64.b64encode(value).decode()]
+    params = getattr(kind, "__dataclass_params__", None)
+    if params is not None and params.frozen and _allowed(kind.__module__):
+        fields = {f.name: encode(getattr(value, f.name), handle) for f in dataclasses.fields(value)}
+        return ["E", kind.__module__, kind.__qualname__, fields]
+    return handle(value)
+
+
+def decode(data, resolve):
+    """The inverse of :func:`encode`; ``resolve(tagged)`` turns an ``["H", ...]`` into an object."""
+    if not isinstance(data, list):
+        return data
+    tag, body = data[0], data[1] if len(data) > 1 else None
+    if tag in ("L", "T"):
+        items = [decode(v, resolve) for v in body]
+        return items if tag == "L" else tuple(items)
+    if tag == "D":
+        return {decode(k, resolve): decode(v, resolve) for k, v in body}
+    if tag == "B":
+        return base64.b64decode(body)
+    if tag == "E":  # field by field, as it was on the other side (a Tx keeps its connection)
+        cls = find_class(data[1], data[2])
+        if not isinstance(cls, type) or not dataclasses.is_dataclass(cls):
+            raise NotCrossable(f"{data[1]}.{data[2]} is not a labkit value")
+        names = [f.name for f in dataclasses.fields(cls)]
+        if not isinstance(data[3], dict) or sorted(data[3]) != sorted(names):
+            raise NotCrossable(f"{data[2]} with the fields {sorted(data[3])}")
+        value = cls.__new__(cls)
+        for name in names:
+            object.__setattr__(value, name, decode(data[3][name], resolve))
+        return value
+    if tag in ("H", "Y"):
+        return resolve(data)
+    raise NotCrossable(f"unknown tag {tag!r}")
+
+
+def find_class(module: str, name: str):
+    """The class ``module.name`` if the module is allowed and loaded (the worker may import it;
+    the judge only looks among what it has already imported), else None."""
+    if not isinstance(module, str) or not isinstance(name, str) or not _allowed(module):
+        return None
+    try:
+        loaded = importlib.import_module(module) if SANDBOX else sys.modules.get(module)
+    except ImportError:
+        return None
+    return getattr(loaded, name, None)
+
+
+def describe(exc: BaseException, origin=None) -> dict:
+    """An exception as a message: its class chain, its text, and (judge side) its origin id."""
+    chain = [[c.__module__, c.__qualname__] for c in type(exc).__mro__]
+    return {"chain": chain, "text": str(exc), "origin": getattr(exc, "_labkit_origin", origin)}
+
+
+def rebuild(info: dict, *, keep_name: bool) -> BaseException:
+    """An exception like ``info``'s, of its first class known here (``keep_name``: a stand-in
+    subclass of that with the original name, so the answer's ``except`` sees what it would)."""
+    chain = [c for c in info.get("chain", []) if isinstance(c, list) and len(c) == 2]
+    cls = None
+    for module, name in chain:
+        found = find_class(module, name)
+        if isinstance(found, type) and issubclass(found, BaseException):
+            cls = found
+            break
+    cls = cls or Exception
+    if keep_name and chain and chain[0][1] != cls.__qualname__:
+        cls = type(str(chain[0][1]), (cls,), {"__module__": "labkit-judge"})
+    exc = cls.__new__(cls)
+    BaseException.__init__(exc, str(info.get("text", "")))
+    exc._labkit_origin = info.get("origin")
+    return exc
+
+
+# ------------------------------------------------------------------ both sides
+
+
+class Peer:
+    """One end of the channel: the objects it lent the other side (``mine``), the proxies it
+    holds of the other's (``theirs``), and the request loop. A request is served while waiting
+    for a reply, so calls nest both ways (a trial's callback calls the answer again, say)."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel, self.mine, self.theirs, self.ids = channel, {}, {}, {}
+        self.raised = {}  # id -> an exception of ours the other side saw
+
+    def handle(self, value):
+        """``["Y", id]`` for the other side's own object coming back, else ``["H", id, kind]``."""
+        ident = self.ids.get(id(value))
+        if ident is not None and self.theirs.get(ident) is value:
+            return ["Y", ident]
+        self.mine[id(value)] = value
+        return ["H", id(value), *self.kind(value)]
+
+    def kind(self, value) -> list:
+        return ["object"]
+
+    def resolve(self, tagged):
+        if tagged[0] == "Y":
+            if tagged[1] not in self.mine:
+                raise NotCrossable("a handle never given out")
+            return self.mine[tagged[1]]
+        ident = tagged[1]
+        if ident not in self.theirs:
+            self.theirs[ident] = self.proxy(tagged)
+            self.ids[id(self.theirs[ident])] = ident
+        return self.theirs[ident]
+
+    def proxy(self, tagged):
+        return Remote(self, tagged[1])
+
+    def out(self, value):
+        return encode(value, self.handle)
+
+    def into(self, data):
+        return decode(data, self.resolve)
+
+    def request(self, ident, what: str, *args, raw: bool = False):
+        """Ask the other side to do ``what`` to its object ``ident``; serve it meanwhile.
+        ``raw``: return the reply's value undecoded."""
+        self.channel.send({"op": "req", "id": ident, "what": what, "args": self.out(list(args))})
+        while True:
+            message = self.wait()
+            if message["op"] == "reply":
+                return message["value"] if raw else self.into(message["value"])
+            if message["op"] == "error":
+                raise self.rebuild(message["exc"])
+            if message["op"] == "req":
+                self.serve(message)
+            else:
+                self.unexpected(message)
+
+    def wait(self) -> dict:
+        return self.channel.recv()
+
+    def unexpected(self, message: dict) -> None:
+        raise ChannelClosed(f"unexpected {message.get('op')!r}")
+
+    def rebuild(self, info: dict) -> BaseException:
+        if info.get("origin") in self.raised:  # our own exception, come back unchanged
+            return self.raised[info["origin"]]
+        return rebuild(info, keep_name=SANDBOX)
+
+    def serve(self, message: dict) -> None:
+        """Carry out one request on one of our objects, and reply (or send its exception)."""
+        try:
+            target = self.mine[message["id"]]
+            value = self.out(perform(target, message["what"], self.into(message["args"])))
+            reply = {"op": "reply", "value": value}
+        except Exception as exc:  # the object raised: the other side sees it, as in-process
+            self.raised[id(exc)] = exc
+            reply = {"op": "error", "exc": describe(exc, id(exc))}
+        self.channel.send(reply)
+
+
+def perform(target, what: str, args: list):
+    """What one request does to ``target``: a public attribute, a call, a protocol, SQL."""
+    if what in ("getattr", "setattr") and (not isinstance(args[0], str) or args[0].startswith("_")):
+        raise AttributeError(f"{args[0]!r}: only public attributes can be reached")
+    if what == "getattr":
+        return getattr(target, args[0])
+    if what == "setattr":
+        return setattr(target, args[0], args[1])
+    if what == "call":
+        return target(*args[0], **args[1])
+    if what in ("execute", "executemany", "executescript"):
+        cursor = getattr(target, what)(*args)
+        rows, names = cursor.fetchall(), cursor.description
+        names = None if names is None else [d[0] for d in names]
+        return {"rows": rows, "rowcount": cursor.rowcount, "lastrowid": cursor.lastrowid,
+                "description": names}  # fmt: skip
+    if what == "exit":
+        exc = None if args[0] is None else rebuild(args[0], keep_name=False)
+        return target.__exit__(None if exc is None else type(exc), exc, None)
+    if what == "getitem":
+        return target[args[0]]
+    simple = {"commit": lambda t: t.commit(), "rollback": lambda t: t.rollback(),
+              "close": lambda t: t.close(), "enter": lambda t: t.__enter__(), "list": list,
+              "len": len, "bool": bool, "repr": repr}  # fmt: skip
+    if what not in simple:
+        raise AttributeError(f"no such request {what!r}")
+    return simple[what](target)
+
+
+class Remote:
+    """Any object of the other side: attribute reads, calls and protocols are requests."""
+
+    __slots__ = ("_labkit_peer", "_labkit_id", "_labkit_class")
+
+    def __init__(self, peer: Peer, ident, cls=None) -> None:
+        object.__setattr__(self, "_labkit_peer", peer)
+        object.__setattr__(self, "_labkit_id", ident)
+        object.__setattr__(self, "_labkit_class", cls)
+
+    @property
+    def __class__(self):  # isinstance(proxy, EpochAuthority) holds: labkit's checks accept it
+        return object.__getattribute__(self, "_labkit_class") or Remote
+
+    def _ask(self, what: str, *args):
+        get = object.__getattribute__
+        return get(self, "_labkit_peer").request(get(self, "_labkit_id"), what, *args)
+
+    def __getattr__(self, name):
+        return self._ask("getattr", name)
+
+    def __setattr__(self, name, value):
+        self._ask("setattr", name, value)
+
+    def __call__(self, *args, **kwargs):
+        return self._ask("call", list(args), kwargs)
+
+    def __iter__(self):
+        return iter(self._ask("list"))
+
+    def __len__(self):
+        return self._ask("len")
+
+    def __getitem__(self, key):
+        return self._ask("getitem", key)
+
+    def __bool__(self):
+        return self._ask("bool")
+
+    def __enter__(self):
+        return self._ask("enter")
+
+    def __exit__(self, kind, exc, tb):
+        return self._ask("exit", None if exc is None else describe(exc))
+
+    def __repr__(self):
+        return self._ask("repr")

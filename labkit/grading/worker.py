@@ -1,0 +1,188 @@
+"""The answer's side of grading: a small harness that runs in the sandbox and holds no check.
+
+The judge (:mod:`labkit.grading.judge`) starts ``python worker.py`` inside bubblewrap and talks
+to it over fds 3 (in) and 4 (out) with :mod:`labkit.grading.wire`. The worker runs the
+notebook's cells, forks a child per schedule, and serves the judge's calls of the answer there.
+Every object the judge hands the answer stays in the judge: the answer gets a proxy, and each
+use of it (an SQL statement, a clock read, a callback, an RNG draw) is a request.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+
+if __package__:
+    from labkit.grading.wire import Channel, Peer, Remote, find_class
+else:  # run as a script in the sandbox, beside wire.py
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import wire
+    from wire import Channel, Peer, Remote, find_class
+
+
+class _Worker(Peer):
+    """The answer's process: the notebook's namespace, proxies of the judge's objects."""
+
+    def __init__(self, channel: Channel) -> None:
+        super().__init__(channel)
+        self.ns = {"__name__": "__main__"}
+
+    def proxy(self, tagged):
+        if tagged[2] == "conn":
+            return _connection(self, tagged[1])
+        if tagged[2] == "db":
+            import sqlite_utils
+
+            conn = self.resolve(["H", tagged[3], "conn"])
+            return sqlite_utils.Database(conn, recursive_triggers=False)
+        cls = find_class(*tagged[3:5]) if len(tagged) == 5 else None
+        return Remote(self, tagged[1], cls if isinstance(cls, type) else None)
+
+    def run_cell(self, source: str, number: int) -> str | None:
+        try:
+            exec(compile(source, f"<cell {number}>", "exec"), self.ns)
+        except BaseException as exc:  # a cell's error is the notebook's, as in a kernel
+            return f"{type(exc).__name__}: {exc}"[:500]
+        return None
+
+    def main(self) -> None:
+        while True:
+            message = self.channel.recv()
+            op = message["op"]
+            if op == "cell":
+                error = self.run_cell(message["source"], message["number"])
+                self.channel.send({"op": "ran", "error": error})
+            elif op == "fork":
+                self.fork()
+            elif op == "quit":
+                return
+
+    def fork(self) -> None:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                while (message := self.channel.recv())["op"] in ("answer", "req"):
+                    if message["op"] == "req":
+                        self.serve(message)
+                        continue
+                    found = self.ns.get(message["name"])
+                    value = self.out(found) if callable(found) else None
+                    self.channel.send({"op": "answer", "value": value})
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        self.channel.send({"op": "done", "status": status})
+
+
+class ProxyConnection(sqlite3.Connection):
+    """A ``sqlite3.Connection`` (for isinstance and sqlite-utils) whose statements run in the
+    judge. Its own database is an empty ``:memory:`` one: what bypasses the proxy lands nowhere."""
+
+    def _ask(self, what: str, *args):
+        return self._labkit_peer.request(self._labkit_id, what, *args)
+
+    def cursor(self, factory=None):
+        return ProxyCursor(self)
+
+    def execute(self, sql, parameters=()):
+        return ProxyCursor(self).execute(sql, parameters)
+
+    def executemany(self, sql, seq):
+        return ProxyCursor(self).executemany(sql, seq)
+
+    def executescript(self, script):
+        return ProxyCursor(self).executescript(script)
+
+    def commit(self):
+        self._ask("commit")
+
+    def rollback(self):
+        self._ask("rollback")
+
+    def close(self):
+        self._ask("close")
+
+    def __enter__(self):
+        self._ask("enter")
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        return self._ask("exit", None if exc is None else describe(exc))
+
+    @property
+    def in_transaction(self):
+        return self._ask("getattr", "in_transaction")
+
+    @property
+    def total_changes(self):
+        return self._ask("getattr", "total_changes")
+
+    @property
+    def isolation_level(self):
+        return self._ask("getattr", "isolation_level")
+
+    @isolation_level.setter
+    def isolation_level(self, value):
+        self._ask("setattr", "isolation_level", value)
+
+
+def _connection(peer: Peer, ident) -> ProxyConnection:
+    conn = sqlite3.connect(":memory:", factory=ProxyConnection, check_same_thread=False)
+    conn._labkit_peer, conn._labkit_id = peer, ident
+    return conn
+
+
+class ProxyCursor:
+    """A cursor whose statement ran in the judge, every row fetched there at once."""
+
+    arraysize = 1
+
+    def __init__(self, connection: ProxyConnection) -> None:
+        self.connection, self.rows = connection, []
+        self.rowcount, self.lastrowid, self.description = -1, None, None
+
+    def _run(self, what: str, *args) -> ProxyCursor:
+        got = self.connection._ask(what, *args)
+        self.rows = list(got["rows"])
+        self.rowcount, self.lastrowid = got["rowcount"], got["lastrowid"]
+        names = got["description"]
+        self.description = None if names is None else tuple((n,) + (None,) * 6 for n in names)
+        return self
+
+    def execute(self, sql, parameters=()):
+        return self._run("execute", sql, parameters)
+
+    def executemany(self, sql, seq):
+        return self._run("executemany", sql, [p for p in seq])
+
+    def executescript(self, script):
+        return self._run("executescript", script)
+
+    def fetchone(self):
+        return self.rows.pop(0) if self.rows else None
+
+    def fetchmany(self, size=None):
+        size = self.arraysize if size is None else size
+        out, self.rows = self.rows[:size], self.rows[size:]
+        return out
+
+    def fetchall(self):
+        out, self.rows = self.rows, []
+        return out
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if not self.rows:
+            raise StopIteration
+        return self.rows.pop(0)
+
+    def close(self):
+        self.rows = []
+
+
+if __name__ == "__main__":
+    wire.SANDBOX = True
+    _Worker(Channel(3, 4)).main()
