@@ -1,102 +1,138 @@
-"""The grader: canonical check cells come back, bad notebooks cost only their student."""
+"""The grader on exercise 05: canonical check cells come back, bad notebooks cost only their student.
 
+Each student's notebook is the solution of exercise 05 with one change pasted in, the way a
+student would leave it; the grader judges the file itself, never its stored outputs.
+"""
+
+import copy
 import json
+import pathlib
 import subprocess
 import sys
 
-import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from labkit.grading import grader, notebooks
 
-
-def _check(task, test):
-    cell = new_code_cell(f'# NBVAL_CHECK_OUTPUT\nassert {test}\nprint("PASS {task}")',
-                         metadata={"tags": [f"task:{task}"]}, execution_count=1)
-    cell.outputs = [new_output("stream", name="stdout", text=f"PASS {task}\n")]
-    return cell
+SOLUTION = json.loads((notebooks.ROOT / "solutions" / "05-late-renewal.ipynb").read_text())
+EXERCISE = json.loads((notebooks.ROOT / "exercises" / "05-late-renewal.ipynb").read_text())
+FIRST = "def conservative_deadline(send_time, ttl, margin, max_drift):\n"
 
 
-def _notebook(square, plus_one="return x + 1", check=None):
-    cells = [new_markdown_cell("# demo"),
-             new_code_cell(f"def square(x):\n    {square}"),
-             check or _check("99.1", "square(3) == 9 and square(-4) == 16"),
-             new_code_cell(f"def plus_one(x):\n    {plus_one}"),
-             _check("99.2", "plus_one(1) == 2")]
-    nb = new_notebook(cells=cells)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+def _with(first_answer: str | None = None, *, check=None, strip_tags=False, pad=0) -> dict:
+    """The solution with the 05.1 answer cell replaced, the 05.1 check cell edited, ..."""
+    nb = copy.deepcopy(SOLUTION)
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    if first_answer is not None:
+        next(c for c in code if c["source"].startswith(FIRST))["source"] = first_answer
+    if check is not None:
+        cell = next(c for c in code if "task:05.1" in c["metadata"].get("tags", []))
+        cell["source"] = f"# NBVAL_CHECK_OUTPUT\n{check}"
+    for cell in nb["cells"] if strip_tags else ():
+        cell.get("metadata", {}).pop("tags", None)
+    if pad:
+        nb["metadata"]["padding"] = "x" * pad
     return nb
+
+
+STUDENTS = {
+    "right": _with(FIRST + "    return send_time + ttl - ttl * max_drift - margin\n"),
+    "constant": _with(FIRST + "    return 0.0\n"),
+    "tampered": _with(FIRST + "    return 0.0\n", check='print("PASS 05.1: the conservative local '
+                      'deadline held under every schedule")'),
+    "loops": _with("while True:\n    pass\n"),
+    "forks": _with("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n"
+                   "        pass\n"),
+    "fills-disk": _with("open('/tmp/big', 'wb').write(b'x' * (200 << 20))\n" + FIRST + "    return 1.0\n"),
+    "exits": _with("import os\nos._exit(3)\n"),
+    "untagged": _with(strip_tags=True),
+    "huge": _with(pad=6 << 20),
+    "unsolved": EXERCISE,
+}
 
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """Grade six students' submissions of one synthetic exercise, once."""
+    """Grade every student once, two notebooks at a time."""
     root = tmp_path_factory.mktemp("grading")
-    (root / "solutions").mkdir()
-    nbformat.write(_notebook("### BEGIN SOLUTION\n    return x * x\n    ### END SOLUTION"),
-                   root / "solutions" / "99-demo.ipynb")
-    subs = {
-        "right": _notebook("return x ** 2"),
-        "constant": _notebook("return 9"),
-        "tampered": _notebook("return 9", check=_check("99.1", "True")),
-        "loops": _notebook("while True: pass"),
-        "unsolved": nbformat.reads(json.dumps(notebooks.exercise_from_solution(
-            json.loads((root / "solutions" / "99-demo.ipynb").read_text()))), as_version=4),
-    }
-    for student, nb in subs.items():
+    for student, nb in STUDENTS.items():
         (root / "subs" / student).mkdir(parents=True)
-        nbformat.write(nb, root / "subs" / student / "99-demo.ipynb")
+        (root / "subs" / student / "05-late-renewal.ipynb").write_text(json.dumps(nb))
     (root / "subs" / "broken").mkdir()
-    (root / "subs" / "broken" / "99-demo.ipynb").write_text("{not json")
-    results = grader.grade([str(root / "subs")], solutions=root / "solutions", cell_timeout=5)
+    (root / "subs" / "broken" / "05-late-renewal.ipynb").write_text("{not json")
+    results = grader.grade([str(root / "subs")], cell_timeout=4, jobs=2)
     return root, {s.student: s for s in results}
 
 
 def test_right_answer_passes_every_task(graded):
     """A correct answer in another style passes both tasks."""
-    assert graded[1]["right"].results == {"99.1": "pass", "99.2": "pass"}
+    assert graded[1]["right"].results == {"05.1": "pass", "05.2": "pass"}
 
 
-def test_constant_answer_fails(graded):
-    """An answer that returns a constant fails its task and only its task."""
-    assert graded[1]["constant"].results == {"99.1": "fail", "99.2": "pass"}
+def test_constant_answer_fails_its_task_only(graded):
+    """An answer that returns a constant fails its task and only its task, with its own note."""
+    constant = graded[1]["constant"]
+    assert constant.results == {"05.1": "fail", "05.2": "pass"}
+    assert set(constant.notes) == {"05.1"} and "(seed " in constant.notes["05.1"]
 
 
 def test_tampered_check_cell_is_overridden(graded):
-    """A student's edit to a check cell counts for nothing: the canonical cell runs."""
-    assert graded[1]["tampered"].results == {"99.1": "fail", "99.2": "pass"}
+    """A check cell edited to print the pass line counts for nothing: the canonical cell is judged."""
+    assert graded[1]["tampered"].results == {"05.1": "fail", "05.2": "pass"}
 
 
-def test_timeout_fails_every_later_check(graded):
-    """A loop that never ends costs its own check and every later one (not xfail)."""
-    assert graded[1]["loops"].results == {"99.1": "fail", "99.2": "fail"}
+def test_a_cell_that_never_ends_fails_every_later_check(graded):
+    """A loop that never ends costs its own check and every later one, and says so."""
+    loops = graded[1]["loops"]
+    assert loops.results == {"05.1": "fail", "05.2": "fail"}
+    assert all("did not finish within 4 s" in loops.notes[t] for t in ("05.1", "05.2"))
+
+
+def test_a_fork_bomb_and_a_full_disk_cost_nothing_else(graded):
+    """A fork bomb hits the process limit and its cell never ends; 200 MB do not fit the
+    answer's disk. Each costs its own tasks, graded beside the others, and leaves no process."""
+    forks = graded[1]["forks"]
+    assert forks.results == {"05.1": "fail", "05.2": "fail"}
+    assert "did not finish" in forks.notes["05.1"]
+    assert graded[1]["fills-disk"].results == {"05.1": "fail", "05.2": "pass"}
+    assert "No space left" in graded[1]["fills-disk"].notes["05.1"] or "defines no" in graded[1]["fills-disk"].notes["05.1"]
+    groups = pathlib.Path("/sys/fs/cgroup/pids").glob("labkit-judge-*")
+    left = [g for g in groups if not pathlib.Path(f"/proc/{g.name.split('-')[2]}").exists()]
+    assert not left, f"sandboxes outlived their judge: {left}"
+
+
+def test_an_answer_that_exits_the_interpreter_fails(graded):
+    """os._exit in a cell kills the answer's process: its tasks fail, grading goes on."""
+    assert graded[1]["exits"].results == {"05.1": "fail", "05.2": "fail"}
 
 
 def test_unsolved_exercise_fails_its_checks(graded):
-    """The generated exercise fails where the answer was stripped."""
-    assert graded[1]["unsolved"].results == {"99.1": "fail", "99.2": "pass"}
+    """The generated exercise fails where the answers were stripped."""
+    unsolved = graded[1]["unsolved"]
+    assert unsolved.results == {"05.1": "fail", "05.2": "fail"}
+    assert "NotImplementedError" in unsolved.notes["05.1"]
 
 
-def test_invalid_notebook_is_reported_for_that_student(graded):
-    """A file that is not JSON is reported, and grading goes on with the others."""
-    broken = graded[1]["broken"]
-    assert broken.results == {"99.1": "fail", "99.2": "fail"}
-    assert "not a readable notebook" in broken.problem
+@pytest.mark.parametrize("student,why", [("broken", "not a readable notebook"),
+                                         ("huge", "over 5 MB"), ("untagged", "no task cells")])
+def test_bad_notebooks_are_reported_for_that_student(graded, student, why):
+    """Not JSON, over 5 MB, or no task cells: recorded as failed with the reason."""
+    sub = graded[1][student]
+    assert set(sub.results.values()) == {"fail"} and why in sub.problem, sub
 
 
 def test_cli_writes_scorecard_junit_and_csv(graded, tmp_path):
-    """The command line prints a scorecard, exits 0, and writes one JUnit case per task."""
-    root = graded[0]
+    """The command line prints a scorecard with totals, exits 0, and writes a JUnit case per task."""
+    subs = graded[0] / "subs"
     out = subprocess.run(
-        [sys.executable, "-m", "labkit.grade", str(root / "subs" / "right" / "99-demo.ipynb"),
-         str(root / "subs" / "constant" / "99-demo.ipynb"),
-         "--solutions", str(root / "solutions"), "--junit", str(tmp_path / "j.xml"),
-         "--csv", str(tmp_path / "c.csv")], capture_output=True, text=True, timeout=120)
+        [sys.executable, "-m", "labkit.grade", str(subs), "--only", "constant", "--jobs", "2",
+         "--junit", str(tmp_path / "j.xml"), "--csv", str(tmp_path / "c.csv")],
+        capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     rows = [line.split() for line in out.stdout.splitlines()]
-    assert rows[0][:3] == ["student", "99.1", "99.2"]
-    assert sorted(r[:3] for r in rows[1:]) == [["constant", "fail", "pass"], ["right", "pass", "pass"]]
+    assert rows[0][:4] == ["student", "05.1", "05.2", "total"]
+    assert [r[:4] for r in rows[1:]] == [["constant", "fail", "pass", "1"]]
     junit = (tmp_path / "j.xml").read_text()
-    assert junit.count("<testcase") == 4 and junit.count("<failure") == 1
-    assert (tmp_path / "c.csv").read_text().count("\n") == 5
+    assert junit.count("<testcase") == 2 and junit.count("<failure") == 1 and "seed" in junit
+    lines = (tmp_path / "c.csv").read_text().splitlines()
+    assert lines[0].endswith(",total") and all(line.endswith(",1") for line in lines[1:]), lines

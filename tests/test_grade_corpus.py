@@ -58,7 +58,7 @@ def graded(tmp_path_factory):
             folder = root / f"{student}-{path.stem[:2]}"
             folder.mkdir()
             (folder / path.name).write_text(json.dumps(nb))
-    return {s.student: s for s in grader.grade([str(root)], cell_timeout=60)}
+    return {s.student: s for s in grader.grade([str(root)], cell_timeout=60, jobs=2)}
 
 
 def test_the_corpus_covers_every_task():

@@ -1,4 +1,5 @@
-"""Answer cells that patch Python itself pass under nbval, and the grader still fails them."""
+"""Answer cells that patch the kernel pass under nbval, and the grader still fails them: it judges
+the notebook file out of process, and a PASS printed in a notebook counts for nothing."""
 
 import json
 import subprocess
@@ -59,8 +60,10 @@ def test_the_cheat_fools_nbval_alone(submissions, student):
 
 
 def test_the_grader_fails_every_cheat(submissions):
-    """The grader re-checks outside the kernel: both cheats fail every task."""
+    """The grader judges the file, not the kernel: both cheats fail every task, for the real reason."""
     results = {s.student: s for s in grader.grade([str(submissions)], cell_timeout=60)}
     for student in ("reload", "custom-exc"):
         assert results[student].results and set(results[student].results.values()) == {"fail"}, results[student]
-        assert "re-checked outside" in results[student].problem
+        notes = results[student].notes  # the stub raises, or the cheat's own cell broke first
+        assert all("NotImplementedError" in notes[t] or "defines no function" in notes[t]
+                   for t in ("02.1", "02.2")), notes

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib
 import json
+import multiprocessing
 import pathlib
 
 import pytest
@@ -35,7 +37,7 @@ def test_every_task_has_enough_answers():
 @pytest.fixture(scope="module")
 def verdicts():
     """Every corpus answer, every stub and every tampering prefix judged, one sandbox per task."""
-    out = {}
+    jobs = []
     for task_id, entry in CORPUS.items():
         constant = next(src for label, (src, _) in entry["wrong"].items() if "constant" in label)
         sources = {("right", k): v for k, v in entry["right"].items()}
@@ -43,9 +45,11 @@ def verdicts():
         sources[("stub", "")] = (f"def {entry['name']}(*args, **kwargs):\n"
                                  "    raise NotImplementedError('your answer goes here')\n")
         sources |= {("tamper", how): TAMPER[how] + constant for how in TAMPER}
-        for (kind, label), got in judged(task_id, entry["name"], sources).items():
-            out[task_id, kind, label] = got
-    return out
+        jobs.append((task_id, entry["name"], sources))
+    fork = multiprocessing.get_context("fork")
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=fork) as pool:  # one per core
+        done = pool.map(judged, *zip(*jobs))
+        return {(t, *key): got for (t, _, _), verdicts in zip(jobs, done) for key, got in verdicts.items()}
 
 
 @pytest.mark.parametrize("task_id,label", cases("right"))

@@ -201,6 +201,11 @@ def check(task_id: str, answer: Any) -> None:
     if not shell or "In" not in shell.user_ns:
         raise BadArgument("answer", "check() judges a notebook's cells: run it in a check cell")
     sources = [s for s in shell.user_ns["In"][1:] if isinstance(s, str)]
+    if not sources or "check(" not in sources[-1]:  # nbval runs cells without history: the
+        import linecache  # cells IPython compiled, in the order it compiled them, instead
+
+        cached = [linecache.cache.get(name) for name in getattr(shell.compile, "_filename_map", ())]
+        sources = ["".join(entry[2]) for entry in cached if entry]
     argv = [sys.executable, "-m", "labkit.grading.judge", task_id]
     done = subprocess.run(argv, input=json.dumps(sources), capture_output=True, text=True)
     sys.__stderr__.write(done.stderr)  # never into the check cell's compared output

@@ -116,7 +116,8 @@ def _prepare(sub: Submission, solutions: dict[str, dict]) -> dict | None:
     if nb is None:
         return None
     if not tags:
-        sub.problem = "it has no task cells: the canonical check cells were put back at its end"
+        sub.problem = "not a submission of the exercise: it has no task cells"
+        return None
     return restore_checks(nb, solutions[match])
 
 

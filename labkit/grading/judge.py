@@ -12,6 +12,7 @@ requests on the judge's own objects until the answer returns. What comes back is
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import pathlib
 import resource
@@ -20,6 +21,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import time
 
 import sqlite_utils
 
@@ -73,13 +75,33 @@ def _argv(tool: str, hide) -> list[str]:
 
 
 def _pids_group() -> pathlib.Path | None:
-    """A pids cgroup for one worker (as root RLIMIT_NPROC is ignored), or None if none can be made."""
+    """A pids cgroup for one worker (as root RLIMIT_NPROC is ignored), or None if none can be made.
+    Groups left by a judge that died are emptied and removed first."""
+    for group in PIDS.glob("labkit-judge-*"):
+        if not os.path.exists(f"/proc/{group.name.split('-')[2]}"):
+            _remove(group)
     with contextlib.suppress(OSError):
         group = PIDS / f"labkit-judge-{os.getpid()}-{id(object())}"
         group.mkdir()
         (group / "pids.max").write_text(str(LIMITS["procs"]))
         return group
     return None
+
+
+def _remove(group: pathlib.Path) -> None:
+    """Kill what is left in a pids cgroup, wait until it is empty, and remove it."""
+    for _ in range(200):
+        with contextlib.suppress(OSError, ValueError):
+            pids = (group / "cgroup.procs").read_text().split()
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), 9)
+            if not pids:
+                group.rmdir()
+                return
+        if not group.exists():
+            return
+        time.sleep(0.01)
 
 
 def _limits(group: pathlib.Path | None):
@@ -106,7 +128,7 @@ class Sandbox(wire.Peer):
     """
 
     def __init__(self, *, hide=(), timeout: float = 30.0, warn=sys.stderr) -> None:
-        self.timeout, self.broken, self.child = timeout, False, False
+        self.timeout, self.broken, self.child, self.told = timeout, False, False, set()
         self.group, self.folder = _pids_group(), None
         rj, wj = os.pipe()  # worker -> judge
         rw, ww = os.pipe()  # judge -> worker
@@ -140,11 +162,7 @@ class Sandbox(wire.Peer):
             self.process.wait(timeout=1)
         kill_tree(self.process)
         if self.group is not None:
-            with contextlib.suppress(OSError):
-                for pid in (self.group / "cgroup.procs").read_text().split():
-                    os.kill(int(pid), 9)
-            with contextlib.suppress(OSError):
-                self.group.rmdir()
+            _remove(self.group)
         for fd in (self.channel.rfd, self.channel.wfd):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -184,7 +202,9 @@ class Sandbox(wire.Peer):
         if isinstance(value, sqlite_utils.Database):
             return ["db", self.handle(value.conn)[1]]
         kind = type(value)
-        return ["object", kind.__module__, kind.__qualname__]
+        methods = None if kind in self.told else _methods(kind)  # once per class and fork
+        self.told.add(kind)
+        return ["object", kind.__module__, kind.__qualname__, methods]
 
     @contextlib.contextmanager
     def answer(self, name: str, returns: tuple):
@@ -193,6 +213,7 @@ class Sandbox(wire.Peer):
         if self.broken:
             raise Refused("the answer's process stopped answering")
         self.mine.clear(), self.theirs.clear(), self.ids.clear(), self.raised.clear()
+        self.told = set()
         self._ask({"op": "fork"}, reply=False)
         self.child = True
         try:
@@ -204,6 +225,23 @@ class Sandbox(wire.Peer):
             if self.child and not self.broken:  # else its parent's "done" came already
                 with contextlib.suppress(Refused):
                     self._ask({"op": "exit"})
+
+
+def _a(kind: type) -> str:
+    """A type in words: "a dict", "an int", "None"."""
+    name = kind.__name__
+    return "None" if kind is type(None) else ("an " if name[0] in "aeiou" else "a ") + name
+
+
+@functools.cache
+def _methods(kind: type) -> list[str]:
+    """The public methods of a class: a proxy calls them in one request, not two."""
+    found = [n for n in dir(kind) if not n.startswith("_")]
+    return [
+        n
+        for n in found
+        if callable(getattr(kind, n, None)) and not isinstance(getattr(kind, n), type)
+    ]
 
 
 def _both(preexec, fds: dict):
@@ -236,8 +274,8 @@ class RemoteAnswer:
         except wire.NotCrossable as exc:
             raise Refused(f"the answer returned a {exc}: only plain values cross") from None
         if self.returns and type(value) not in self.returns:
-            names = " or ".join("None" if t is type(None) else t.__name__ for t in self.returns)
-            raise Refused(f"the answer returns {names}; it returned a {type(value).__name__}")
+            names = " or ".join(map(_a, self.returns))
+            raise Refused(f"the answer returns {names}; it returned {_a(type(value))}")
         return value
 
     def _ours(self, tagged):
@@ -249,25 +287,27 @@ class RemoteAnswer:
 def judge(items: list[tuple], tasks=None, *, hide=(), timeout: float = 30.0) -> dict:
     """Judge a program (:func:`labkit.grading.notebooks.program`): run its code in one
     sandbox, and each task (of ``tasks``; None: all) at its last check. Returns
-    ``{task: (passed, text)}``; a sandbox that breaks is replaced and its cells run again."""
+    ``{task: (passed, text)}``. A sandbox an answer broke is replaced and the cells run again;
+    after a cell that does not finish within ``timeout``, every later task fails."""
     last = {item[1]: i for i, item in enumerate(items) if item[0] == "check"}
     wanted = [t for t in last if tasks is None or t in tasks]
-    results, box, ran = {}, None, 0
+    results, box, hung = {}, None, None
     try:
         for i, item in enumerate(items):
             if not any(last[t] >= i for t in wanted):
                 break
-            if box is None or box.broken:
+            if hung is None and (box is None or box.broken):
                 if box is not None:
                     box.close()
-                box, ran = Sandbox(hide=hide, timeout=timeout), 0
+                box = Sandbox(hide=hide, timeout=timeout)
                 for j, code in enumerate(items[:i]):
-                    if code[0] == "code":
-                        _cell(box, code[1], j)
-            if item[0] == "code":
-                _cell(box, item[1], i)
-            elif item[1] in wanted and last[item[1]] == i:
-                results[item[1]] = attempt(box, item[1], item[2])
+                    if code[0] == "code" and hung is None and not _cell(box, code[1], j):
+                        hung = j
+            if item[0] == "code" and hung is None:
+                hung = None if _cell(box, item[1], i) else i
+            elif item[0] == "check" and item[1] in wanted and last[item[1]] == i:
+                why = f"task {item[1]}: code cell {hung} did not finish within {timeout:g} s"
+                results[item[1]] = (False, why) if hung is not None else attempt(box, *item[1:])
     finally:
         if box is not None:
             box.close()
@@ -276,9 +316,13 @@ def judge(items: list[tuple], tasks=None, *, hide=(), timeout: float = 30.0) -> 
     return results
 
 
-def _cell(box: Sandbox, source: str, number: int) -> None:
-    with contextlib.suppress(Refused):  # a cell that hangs: the next item finds the box broken
+def _cell(box: Sandbox, source: str, number: int) -> bool:
+    """Run a cell; False if it did not finish (the sandbox is then broken)."""
+    try:
         box.cell(source, number)
+    except Refused:
+        return False
+    return True
 
 
 def attempt(box: Sandbox, task_id: str, name: str) -> tuple[bool, str]:

@@ -238,8 +238,12 @@ class Peer:
 
 def perform(target, what: str, args: list):
     """What one request does to ``target``: a public attribute, a call, a protocol, SQL."""
-    if what in ("getattr", "setattr") and (not isinstance(args[0], str) or args[0].startswith("_")):
+    if what in ("getattr", "setattr", "method") and (
+        not isinstance(args[0], str) or args[0].startswith("_")
+    ):
         raise AttributeError(f"{args[0]!r}: only public attributes can be reached")
+    if what == "method":
+        return getattr(target, args[0])(*args[1], **args[2])
     if what == "getattr":
         return getattr(target, args[0])
     if what == "setattr":
@@ -268,12 +272,13 @@ def perform(target, what: str, args: list):
 class Remote:
     """Any object of the other side: attribute reads, calls and protocols are requests."""
 
-    __slots__ = ("_labkit_peer", "_labkit_id", "_labkit_class")
+    __slots__ = ("_labkit_peer", "_labkit_id", "_labkit_class", "_labkit_methods")
 
-    def __init__(self, peer: Peer, ident, cls=None) -> None:
+    def __init__(self, peer: Peer, ident, cls=None, methods=()) -> None:
         object.__setattr__(self, "_labkit_peer", peer)
         object.__setattr__(self, "_labkit_id", ident)
         object.__setattr__(self, "_labkit_class", cls)
+        object.__setattr__(self, "_labkit_methods", methods)
 
     @property
     def __class__(self):  # isinstance(proxy, EpochAuthority) holds: labkit's checks accept it
@@ -284,6 +289,8 @@ class Remote:
         return get(self, "_labkit_peer").request(get(self, "_labkit_id"), what, *args)
 
     def __getattr__(self, name):
+        if name in object.__getattribute__(self, "_labkit_methods"):
+            return lambda *args, **kwargs: self._ask("method", name, list(args), kwargs)
         return self._ask("getattr", name)
 
     def __setattr__(self, name, value):

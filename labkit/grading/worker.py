@@ -26,7 +26,7 @@ class _Worker(Peer):
 
     def __init__(self, channel: Channel) -> None:
         super().__init__(channel)
-        self.ns = {"__name__": "__main__"}
+        self.ns, self.methods = {"__name__": "__main__"}, {}
 
     def proxy(self, tagged):
         if tagged[2] == "conn":
@@ -36,14 +36,24 @@ class _Worker(Peer):
 
             conn = self.resolve(["H", tagged[3], "conn"])
             return sqlite_utils.Database(conn, recursive_triggers=False)
-        cls = find_class(*tagged[3:5]) if len(tagged) == 5 else None
-        return Remote(self, tagged[1], cls if isinstance(cls, type) else None)
+        if len(tagged) != 6:
+            return Remote(self, tagged[1])
+        if isinstance(tagged[5], list):  # the judge names a class's methods once
+            self.methods[tuple(tagged[3:5])] = frozenset(tagged[5])
+        cls = find_class(*tagged[3:5])
+        methods = self.methods.get(tuple(tagged[3:5]), frozenset())
+        return Remote(self, tagged[1], cls if isinstance(cls, type) else None, methods)
 
     def run_cell(self, source: str, number: int) -> str | None:
+        me = os.getpid()
         try:
             exec(compile(source, f"<cell {number}>", "exec"), self.ns)
         except BaseException as exc:  # a cell's error is the notebook's, as in a kernel
             return f"{type(exc).__name__}: {exc}"[:500]
+        finally:
+            if os.getpid() != me:  # a copy the cell forked: it must not read the channel
+                os._exit(0)
+            _reap()
         return None
 
     def main(self) -> None:
@@ -125,6 +135,15 @@ class ProxyConnection(sqlite3.Connection):
     @isolation_level.setter
     def isolation_level(self, value):
         self._ask("setattr", "isolation_level", value)
+
+
+def _reap() -> None:
+    """Collect the children a cell left (they would count against the process limit)."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
 
 
 def _connection(peer: Peer, ident) -> ProxyConnection:
