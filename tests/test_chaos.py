@@ -84,3 +84,25 @@ def test_bad_arguments_are_refused(capsys):
     with pytest.raises(SystemExit) as usage:
         main(["--workers", "1", "--seconds", "4"])
     assert usage.value.code == 2 and "workers" in capsys.readouterr().err
+
+
+def test_the_tempo_follows_the_lease():
+    """With etcd's 1 s leases the same seed's plan is played 2.5 times slower: same steps, later."""
+    fast = schedule(7, workers=3, seconds=4, ttl=0.4)
+    slow = schedule(7, workers=3, seconds=10, ttl=1.0)
+    assert [a.kind for a in slow] == [a.kind for a in fast]
+    assert [a.at for a in slow] == pytest.approx([2.5 * a.at for a in fast], abs=0.002)
+    pauses = [a.seconds for a in slow if a.kind == "pause"]
+    assert all(0.125 - 0.001 <= s <= 3.0 for s in pauses)
+
+
+def test_an_unknown_issuer_is_refused_before_anything_starts(tmp_path):
+    """Only sqlite and etcd issue the leases; another name is refused, naming issuer."""
+    from labkit.errors import BadArgument
+    from labkit.processes.chaos import run
+
+    with pytest.raises(BadArgument, match="issuer"):
+        run(2, 2, issuer="redis", root=tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(SystemExit):
+        main(["--issuer", "redis"])

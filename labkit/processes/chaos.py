@@ -1,10 +1,10 @@
 """Chaos: real faults thrown at real worker processes, judged from the recorded history.
 
-``python -m labkit.chaos --workers N --seconds S [--seed K] [--unprotected]``: N workers share
-one SQLite file while the nemesis plays :func:`schedule` (a pure function of the seed). Exit 0:
-no violation; 1: violations (what ``--unprotected`` must show); 2: the run did not do its job (a
-worker crashed by itself, no holder was frozen past its lease, or no kill landed inside a
-transaction). Real time is read on purpose."""
+``python -m labkit.chaos --workers N --seconds S [--seed K] [--unprotected] [--issuer etcd]``:
+N workers share one SQLite file while the nemesis plays :func:`schedule` (a pure function of the
+seed) and, if etcd issues the leases, SIGKILLs its leader twice. Exit 0: no violation; 1: some
+(what ``--unprotected`` must show); 2: the run did not do its job (a worker crashed by itself, no
+holder was frozen past its lease, or no kill landed in a transaction). Real time on purpose."""
 
 import argparse
 import hashlib
@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from labkit.engines.etcd_cluster import for_chaos
 from labkit.errors import BadArgument, check_number
 from labkit.processes.live import draw, png
 from labkit.processes.team import Team
@@ -41,59 +42,63 @@ class Action:
 
 
 def schedule(seed: int, *, workers: int, seconds: float, ttl: float) -> tuple[Action, ...]:
-    """The nemesis's plan, a pure function of its arguments, sorted by time: a holder freeze at
-    12-25% of the run, a kill in a transaction at 30-45%, then pauses (50 ms to three leases,
-    log-uniform), kills, freezes and kills in transactions until 70%."""
-    rng = random.Random(seed)
+    """The nemesis's plan, a pure function of its arguments, sorted by time, its tempo slowed by
+    ``ttl / TTL``: a holder freeze at 12-25% of the run, a kill in a transaction at 30-45%, then
+    pauses (up to three leases, log-uniform), kills, freezes and kills in transactions until 70%."""
+    rng, k = random.Random(seed), ttl / TTL
     first = round(seconds * rng.uniform(0.12, 0.25), 3)
     plan = [Action(first, "freeze_holder", -1, round(ttl * rng.uniform(3, 5), 3))]
-    plan.append(Action(round(seconds * rng.uniform(0.3, 0.45), 3), "kill_in_tx", -1, 0.2))
-    at = 0.4
-    while (at := at + rng.expovariate(3.0)) < 0.7 * seconds:
+    plan.append(Action(round(seconds * rng.uniform(0.3, 0.45), 3), "kill_in_tx", -1, 0.2 * k))
+    at = 0.4 * k
+    while (at := at + rng.expovariate(3.0 / k)) < 0.7 * seconds:
         kind = rng.choices(["pause", "kill", "freeze_holder", "kill_in_tx"], [12, 4, 1, 2])[0]
         if kind == "pause":
-            length = 0.05 * math.exp(rng.uniform(0, math.log(3 * ttl / 0.05)))
+            length = 0.05 * k * math.exp(rng.uniform(0, math.log(3 * TTL / 0.05)))
             worker = rng.randrange(workers)
         elif kind == "kill":
-            worker, length = rng.randrange(workers), rng.uniform(0.05, 0.5)
+            worker, length = rng.randrange(workers), k * rng.uniform(0.05, 0.5)
         else:  # the holder, whoever it is then
-            worker, length = -1, (ttl * rng.uniform(3, 5) if kind == "freeze_holder" else 0.2)
+            worker, length = -1, (ttl * rng.uniform(3, 5) if kind == "freeze_holder" else 0.2 * k)
         plan.append(Action(round(at, 3), kind, worker, round(length, 3)))
     return tuple(sorted(plan, key=lambda a: a.at))
 
 
-def run(workers=4, seconds=10.0, *, seed=0, protected=True, progress=None, root=None):
-    """Start the workers, play the nemesis's plan, judge the history; return the summary (text)
-    and the exit status. ``workers`` is 2 to 26, ``seconds`` at least 2; ``progress`` is a text
-    stream for the progress line; ``root`` is where the run's folder is made."""
+def run(
+    workers=4, seconds=10.0, *, seed=0, protected=True, progress=None, root=None, issuer="sqlite"
+):
+    """Start the workers, play the nemesis's plan, judge the history; return the summary and the
+    exit status. ``workers``: 2 to 26; ``seconds``: 2 or more; ``progress``: a text stream for the
+    progress line; ``root``: where to make the run's folder; ``issuer``: "sqlite" or "etcd"."""
     workers = check_number(workers, "workers", integer=True, low=2, high=26)
     seconds = check_number(seconds, "seconds", low=2, high=86400)
-    plan = schedule(seed, workers=workers, seconds=seconds, ttl=TTL)
-    fingerprint = hashlib.sha256(repr(plan).encode()).hexdigest()[:12]  # to compare two runs
-    knobs = dict(ttl=TTL, seconds=seconds, busy_timeout_ms=100, redeliver=0.1)
-    knobs.update(work=(0.05, 0.25), hold=(0.005, 0.03), rest=(0.0, 0.1))
-    with Team(workers, protected=protected, seed=seed, root=root, **knobs) as team:
-        errors = _play(team, plan, seconds, progress)
+    ttl = 1 if issuer == "etcd" else TTL  # etcd grants whole seconds: all is played slower
+    plan, k = schedule(seed, workers=workers, seconds=seconds, ttl=ttl), ttl / TTL
+    options = dict(protected=protected, seed=seed, root=root, ttl=ttl, seconds=seconds)
+    options.update(busy_timeout_ms=100, redeliver=0.1, work=(0.05 * k, 0.25 * k))
+    options.update(hold=(0.005 * k, 0.03 * k), rest=(0.0, 0.1 * k))
+    with for_chaos(issuer, seconds) as (etcd, killer), Team(workers, etcd=etcd, **options) as team:
+        errors = _play(team, plan, seconds, progress, killer)
         for name in team.names:  # then let the workers end by themselves, for a while
             team.thaw(name)
-        end = team.now() + 2 + 3 * TTL
+        end = team.now() + 2 + 3 * ttl
         while any(map(team.alive, team.names)) and team.now() < end:
             time.sleep(0.02)
     history, c = team.history(), team.counts
     violations = Counter(v.kind for v in check(history, final=team.final()))
     found = ", ".join(f"{k} {n}" for k, n in sorted(violations.items()))
     timeline = os.path.join(team.run_dir, "timeline.png")
-    params = {"protected": protected, "workers": workers, "ttl": TTL, "seed": seed}
+    params = {"protected": protected, "workers": workers, "ttl": ttl, "seed": seed}
     ax = draw(history, now=seconds, title=f"chaos run: {found or 'no violation'}", params=params)
     Path(timeline).write_bytes(png(ax))
     mode = "protected" if protected else "UNPROTECTED (no fence, no keys)"
     lines = [
         f"labkit chaos: {workers} workers, {seconds:g} s, seed {seed}, {mode}; "
-        f"nemesis plan {fingerprint}",
+        f"nemesis plan {hashlib.sha256(repr(plan).encode()).hexdigest()[:12]}",
         *_table(Counter((e.action, e.outcome) for e in history), c),
     ]
     ledger = ", ".join(f"{i} is {a} but its lines sum to {s}" for i, a, s in team.ledger())
     lines.append(f"ledger: {ledger or 'every invoice equals the sum of its charge lines'}")
+    lines += [killer.text] if etcd else []
     lines.append(f"violations: {found or 'none'}")
     lines += [f"worker error: {e}" for e in errors]
     missing = {"no lease holder was frozen past its lease": c["freezes_past_lease"]}
@@ -122,7 +127,7 @@ def _table(outcomes: Counter, c: Counter) -> list[str]:
     ]
 
 
-def _play(team: Team, plan, seconds: float, progress) -> list[str]:
+def _play(team: Team, plan, seconds: float, progress, killer) -> list[str]:
     """Play ``plan`` until ``seconds``; return the errors of workers that exited by themselves."""
     steps, spared, errors, shown = list(plan), {}, [], -1.0
     later = {}  # (team.thaw or team.start, name) -> when to do it
@@ -163,6 +168,7 @@ def _play(team: Team, plan, seconds: float, progress) -> list[str]:
         held = team.holder() if team.counts["kills_in_tx"] < len(due) else None
         if held and team.kill_if_in_tx(held[0]):
             later[team.start, held[0]] = now + due[-1].seconds
+        killer(now)
         if progress is not None and now - shown >= 0.25:
             shown = _progress(team, now, seconds, progress)
         time.sleep(0.01)
@@ -191,11 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="run length (default 10)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the nemesis and the workers")
     parser.add_argument("--unprotected", action="store_true", help="write without fence and keys")
+    parser.add_argument("--issuer", choices=("sqlite", "etcd"), default="sqlite", help="leases")
     parser.add_argument("--dir", help="where to make the run's folder (default: a temporary one)")
     args = parser.parse_args(argv)
-    options = dict(seed=args.seed, protected=not args.unprotected, root=args.dir)
+    options = dict(seed=args.seed, root=args.dir, issuer=args.issuer, progress=sys.stderr)
     try:
-        summary, code = run(args.workers, args.seconds, progress=sys.stderr, **options)
+        summary, code = run(args.workers, args.seconds, protected=not args.unprotected, **options)
     except BadArgument as exc:
         parser.error(str(exc))
     print(summary)

@@ -26,10 +26,10 @@ from random import Random
 
 from labkit.clock import RealClock
 from labkit.db import connect, execute, transaction
-from labkit.engines.servers import proc_state, sweep
+from labkit.engines.etcd_leases import authority
+from labkit.engines.servers import as_user, proc_state, sweep
 from labkit.errors import BadArgument, Busy, LabkitError, check_number
 from labkit.fence import Fence
-from labkit.lease import LeaseAuthority
 from labkit.processes.workers import IDLE, IN_TX, LINES, WORKING, WorkerSpec, append, board
 from labkit.processes.workers import journal
 from labkit.sim import JOB, Event, check
@@ -39,7 +39,7 @@ __all__ = ["STOP_TIMEOUT", "Team", "proc_state"]
 STOP_TIMEOUT = 2.0  # seconds for a SIGSTOPped process to show state T before it is SIGKILLed
 _CLOCK = RealClock()
 _TEAMS: weakref.WeakSet[Team] = weakref.WeakSet()
-KNOBS = ("ttl", "work", "hold", "rest", "redeliver", "busy_timeout_ms", "seconds")  # of WorkerSpec
+KNOBS = ("ttl", "work", "hold", "rest", "redeliver", "busy_timeout_ms", "seconds", "etcd")
 
 
 def _locked(method):
@@ -62,7 +62,7 @@ class Team:
         if unknown := sorted(set(knobs) - set(KNOBS)):
             raise BadArgument(unknown[0], f"is not a knob of Team; its knobs are {list(KNOBS)}")
         knobs["ttl"] = check_number(knobs.get("ttl", 1.0), "ttl", positive=True)
-        spec = WorkerSpec("", "", 0.0, protected=bool(protected), parent=os.getpid(), **knobs)
+        spec = WorkerSpec("", "", 0.0, protected=bool(protected), **knobs)
         if root is None:
             sweep("labkit-run-")
         self.run_dir = tempfile.mkdtemp(prefix=f"labkit-run-{os.getpid()}-", dir=root)
@@ -78,7 +78,7 @@ class Team:
             execute(self.db, LINES)
         Fence(self.db, JOB)  # makes the job's fence row
         self._probe = connect(self.path, busy_timeout_ms=0)
-        self.leases = LeaseAuthority(self.db, _CLOCK)
+        self.leases = authority(self.db, _CLOCK, self.spec.etcd)
         self.journal = journal(os.path.join(self.run_dir, "journal", "team.jsonl"))
         self.procs: dict[str, subprocess.Popen] = {}
         self.incarnation, self.counts = Counter(), Counter()
@@ -171,8 +171,9 @@ class Team:
         who = held[0] if held and held[0] not in self._frozen else None
         if who is None or name not in (None, who) or self.phase(who) != WORKING:
             return None
-        if self.freeze(who) == WORKING and not self.lock_held() and self.holder() == held:
-            return who, held[1].generation
+        if self.freeze(who) == WORKING and not self.lock_held():  # and the same lease still:
+            if (again := self.holder()) and again[1].generation == held[1].generation:
+                return who, held[1].generation
         self.thaw(who)
         return None
 
@@ -304,6 +305,7 @@ class Team:
                 stdout=subprocess.DEVNULL,
                 stderr=log,
                 start_new_session=True,  # a Ctrl-C or kernel interrupt is the parent's to handle
+                preexec_fn=as_user(None),  # PR_SET_PDEATHSIG: it dies with us
             )
 
 

@@ -6,7 +6,6 @@ check of its own deadline and ``run_once``; unprotected, a plain upsert. Committ
 ``invoice_lines``, other events to a JSON-lines journal per process. Real time on purpose."""
 
 import contextlib
-import ctypes
 import functools
 import itertools
 import json
@@ -21,15 +20,15 @@ from random import Random
 
 from labkit.clock import RealClock
 from labkit.db import connect, execute, transaction
+from labkit.engines.etcd_leases import authority
 from labkit.errors import Busy, LeaseLost, StaleGeneration
 from labkit.fence import Fence
 from labkit.idempotency import run_once
-from labkit.lease import LeaseAuthority
 from labkit.mechanisms.timing import backoff
 from labkit.sim import JOB, Event, upsert_invoice
 
 __all__ = ["IDLE", "IN_TX", "LEASED", "WORKING", "Worker", "WorkerSpec", "append", "board"]
-__all__ += ["LINES", "die_with_parent", "journal", "main"]
+__all__ += ["LINES", "journal", "main"]
 
 IDLE, LEASED, WORKING, IN_TX = 0, 1, 2, 3
 INVOICES = ("INV-1", "INV-2", "INV-3")  # each run writes these
@@ -61,10 +60,10 @@ def append(journal: int, event: Event) -> None:
 
 @dataclass(frozen=True, slots=True)
 class WorkerSpec:
-    """What one worker process needs (passed as JSON): the team's ``run_dir`` (``lab.db``, board,
+    """What one worker process needs (as JSON): the team's ``run_dir`` (``lab.db``, board,
     journals), ``run`` id and monotonic start ``t0``; its board ``slot``, ``name``, ``incarnation``
-    (the lease owner is ``name.incarnation``) and ``seed``; (min, max) seconds to ``work``, to
-    ``hold`` the lock and to ``rest``; the chance to ``redeliver``; ``seconds`` (None: forever)."""
+    (owner ``name.incarnation``) and ``seed``; (min, max) seconds to ``work``, ``hold`` the lock,
+    ``rest``; the chance to ``redeliver``; ``seconds`` (None: forever); ``etcd``'s endpoints."""
 
     run_dir: str
     run: str
@@ -81,7 +80,7 @@ class WorkerSpec:
     redeliver: float = 0.0
     busy_timeout_ms: int = 200
     seconds: float | None = None
-    parent: int = 0
+    etcd: tuple = ()
 
 
 class Worker:
@@ -92,7 +91,7 @@ class Worker:
         self.owner = f"{spec.name}.{spec.incarnation}"
         folder = spec.run_dir
         self.db = connect(os.path.join(folder, "lab.db"), busy_timeout_ms=spec.busy_timeout_ms)
-        self.leases, self.fence = LeaseAuthority(self.db, self.clock), Fence(self.db, JOB)
+        self.leases, self.fence = authority(self.db, self.clock, spec.etcd), Fence(self.db, JOB)
         self.acquire = functools.partial(self.leases.try_acquire, JOB, self.owner, spec.ttl)
         self.board = board(os.path.join(folder, "board"))
         self.journal = journal(os.path.join(folder, "journal", f"{self.owner}.jsonl"))
@@ -108,9 +107,9 @@ class Worker:
         append(self.journal, event)
 
     def granted(self, action: str, lease) -> None:
-        """Note an ``ok`` acquire or renew at the grant's time, with the lease's expiry."""
-        until = lease.expires_at - self.spec.t0
-        self.note(action, "ok", lease.generation, until=until, at=until - lease.ttl)
+        """Note an ``ok`` acquire or renew when it was won (an etcd lease says), with its expiry."""
+        at = getattr(lease, "since", lease.expires_at - lease.ttl) - self.spec.t0
+        self.note(action, "ok", lease.generation, until=lease.expires_at - self.spec.t0, at=at)
 
     def phase(self, phase: int) -> None:
         self.board[self.spec.slot] = phase
@@ -239,18 +238,10 @@ class Worker:
         return "ok"
 
 
-def die_with_parent(parent: int) -> None:
-    """Have Linux SIGKILL this process when its parent dies; exit now if it is already gone."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    if parent and os.getppid() != parent:
-        os._exit(0)
-
-
 def main() -> None:
     """A worker process: ``python -m labkit.processes.workers '<WorkerSpec as JSON>'``."""
     fields = json.loads(sys.argv[1])
     spec = WorkerSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
-    die_with_parent(spec.parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers stop
     Worker(spec).loop()
 
