@@ -1,41 +1,25 @@
-"""The judge: runs a notebook's answers in a sandboxed worker and every trial in its own process.
+"""The judge: runs a notebook's answers in a sandboxed worker, and every trial in its own process.
 
-:class:`Sandbox` starts :mod:`labkit.grading.worker` under bubblewrap (no network, no
-capabilities, a read-only system, only ``labkit/`` of the checkout and the venv visible, one
-small writable ``/tmp``; CPU, memory, file-size, process and wall-clock limits). Without
-bubblewrap it runs the worker out of process with the same limits and says on stderr that it is
-unsandboxed. :meth:`Sandbox.answer` forks a fresh copy of the answer's process for one schedule
-and gives the trial a :class:`RemoteAnswer`: calling it sends the call, then serves the answer's
-requests on the judge's own objects until the answer returns. What comes back is plain values.
+:class:`Sandbox` runs the worker (:mod:`labkit.grading.sandbox`) and speaks to it with
+:mod:`labkit.grading.wire`. :meth:`Sandbox.answer` forks a fresh copy of the answer's process
+for one schedule and gives the trial a :class:`RemoteAnswer`: calling it sends the call, then
+serves the answer's requests on the judge's own objects until the answer returns. What comes
+back is plain values of the task's declared types; anything else fails the task.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import os
-import pathlib
-import resource
-import shutil
 import sqlite3
-import subprocess
 import sys
-import tempfile
-import time
 
 import sqlite_utils
 
-from labkit.engines.servers import kill_tree
 from labkit.grading import wire
+from labkit.grading.sandbox import Jail, sandboxed
 
-__all__ = ["Sandbox", "RemoteAnswer", "Refused", "sandboxed"]
-
-WIRE = pathlib.Path(wire.__file__)
-WORKER, LABKIT = WIRE.with_name("worker.py"), WIRE.parents[1]
-#: per worker: CPU seconds, address space, largest file, open files, processes, /tmp size
-LIMITS = {"cpu": 60, "memory": 2 << 30, "file": 16 << 20, "files": 256, "procs": 32}
-TMP_BYTES = 64 << 20
-PIDS = pathlib.Path("/sys/fs/cgroup/pids")
+__all__ = ["Sandbox", "RemoteAnswer", "Refused", "judge", "attempt", "sandboxed"]
 
 
 class Refused(BaseException):
@@ -43,111 +27,16 @@ class Refused(BaseException):
     or sent what is not a plain value. A BaseException, so that no trial's ``except`` eats it."""
 
 
-def bwrap() -> str | None:
-    """The bubblewrap binary, or None (``LABKIT_NO_SANDBOX=1`` pretends it is missing)."""
-    return None if os.environ.get("LABKIT_NO_SANDBOX") == "1" else shutil.which("bwrap")
-
-
-def sandboxed() -> bool:
-    """Whether answers run under bubblewrap here."""
-    return bwrap() is not None
-
-
-def _hidden(hide) -> list[str]:
-    checkout = LABKIT.parent
-    places = ["/tmp", "/var/tmp", "/root", "/home", checkout, *hide, tempfile.gettempdir()]
-    return sorted({str(pathlib.Path(p).resolve()) for p in places if os.path.isdir(p)}, key=len)
-
-
-def _argv(tool: str, hide) -> list[str]:
-    """bwrap's options: hide the places of people's files, then show only what Python needs."""
-    argv = [tool, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    for place in _hidden(hide):
-        argv += ["--tmpfs", place]
-    argv += ["--size", str(TMP_BYTES), "--tmpfs", "/tmp"]
-    for place in sorted({sys.base_prefix, sys.prefix, str(LABKIT)}, key=len):
-        argv += ["--ro-bind", place, place]
-    argv += ["--tmpfs", str(LABKIT / "grading"), "--ro-bind", str(WORKER), "/tmp/.labkit/worker.py"]
-    argv += ["--ro-bind", str(WIRE), "/tmp/.labkit/wire.py"]
-    argv += ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
-    argv += ["--chdir", "/tmp", "--setenv", "HOME", "/tmp"]
-    return argv + [sys.executable, "-I", "/tmp/.labkit/worker.py"]
-
-
-def _pids_group() -> pathlib.Path | None:
-    """A pids cgroup for one worker (as root RLIMIT_NPROC is ignored), or None if none can be made.
-    Groups left by a judge that died are emptied and removed first."""
-    for group in PIDS.glob("labkit-judge-*"):
-        if not os.path.exists(f"/proc/{group.name.split('-')[2]}"):
-            _remove(group)
-    with contextlib.suppress(OSError):
-        group = PIDS / f"labkit-judge-{os.getpid()}-{id(object())}"
-        group.mkdir()
-        (group / "pids.max").write_text(str(LIMITS["procs"]))
-        return group
-    return None
-
-
-def _remove(group: pathlib.Path) -> None:
-    """Kill what is left in a pids cgroup, wait until it is empty, and remove it."""
-    for _ in range(200):
-        with contextlib.suppress(OSError, ValueError):
-            pids = (group / "cgroup.procs").read_text().split()
-            for pid in pids:
-                with contextlib.suppress(OSError):
-                    os.kill(int(pid), 9)
-            if not pids:
-                group.rmdir()
-                return
-        if not group.exists():
-            return
-        time.sleep(0.01)
-
-
-def _limits(group: pathlib.Path | None):
-    def preexec() -> None:
-        cpu, memory = LIMITS["cpu"], LIMITS["memory"]
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (LIMITS["file"], LIMITS["file"]))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (LIMITS["files"], LIMITS["files"]))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if group is not None:
-            (group / "cgroup.procs").write_text(str(os.getpid()))
-        elif os.getuid() != 0:
-            resource.setrlimit(resource.RLIMIT_NPROC, (LIMITS["procs"], LIMITS["procs"]))
-
-    return preexec
-
-
 class Sandbox(wire.Peer):
-    """One worker process for one notebook: run its cells, then fork it per schedule.
-
-    ``hide`` lists more folders the answer must not see (submissions, outputs, solutions).
-    ``broken`` once the worker stopped answering: it must be replaced.
+    """One worker process for one notebook (in a :class:`~labkit.grading.sandbox.Jail`): run
+    its cells, then fork it per schedule. ``hide`` lists more folders the answer must not see
+    (submissions, outputs, solutions). ``broken`` once the worker stopped answering.
     """
 
     def __init__(self, *, hide=(), timeout: float = 30.0, warn=sys.stderr) -> None:
         self.timeout, self.broken, self.child, self.told = timeout, False, False, set()
-        self.group, self.folder = _pids_group(), None
-        rj, wj = os.pipe()  # worker -> judge
-        rw, ww = os.pipe()  # judge -> worker
-        super().__init__(wire.Channel(rj, ww))
-        tool = bwrap()
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "MPLBACKEND": "Agg", "HOME": "/tmp"}
-        env["OPENBLAS_NUM_THREADS"] = "1"
-        if tool:
-            argv, cwd = _argv(tool, hide), "/"
-        else:
-            print("labkit.grading: bubblewrap is missing: answers run UNSANDBOXED", file=warn)
-            self.folder = tempfile.mkdtemp(prefix="labkit-answer-")
-            argv, cwd = [sys.executable, "-I", str(WORKER)], self.folder
-        self.process = subprocess.Popen(
-            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, pass_fds=(3, 4),
-            preexec_fn=_both(_limits(self.group), {rw: 3, wj: 4}),
-        )  # fmt: skip
-        os.close(rw), os.close(wj)
+        self.jail = Jail(hide=hide, warn=warn)
+        super().__init__(wire.Channel(self.jail.rfd, self.jail.wfd))
 
     def __enter__(self) -> Sandbox:
         return self
@@ -158,16 +47,7 @@ class Sandbox(wire.Peer):
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.channel.send({"op": "quit"})
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=1)
-        kill_tree(self.process)
-        if self.group is not None:
-            _remove(self.group)
-        for fd in (self.channel.rfd, self.channel.wfd):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        if self.folder:
-            shutil.rmtree(self.folder, ignore_errors=True)
+        self.jail.close()
 
     def wait(self) -> dict:
         try:
@@ -242,16 +122,6 @@ def _methods(kind: type) -> list[str]:
         for n in found
         if callable(getattr(kind, n, None)) and not isinstance(getattr(kind, n), type)
     ]
-
-
-def _both(preexec, fds: dict):
-    def run() -> None:
-        high = {os.dup(source): target for source, target in fds.items()}  # 3 or 4 may be taken
-        for source, target in high.items():
-            os.dup2(source, target)
-        preexec()
-
-    return run
 
 
 class RemoteAnswer:
