@@ -50,14 +50,8 @@ _COUNTER = (
 )
 
 
-@task(
-    "04.1",
-    "the issuer that never goes backward",
-    ISSUE_HOSTILE,
-    count=12,
-    make=_issue_knobs,
-    returns=(tuple, list, int),
-)
+@task("04.1", "the issuer that never goes backward", ISSUE_HOSTILE, count=12, make=_issue_knobs,
+      returns=(tuple, list, int))  # fmt: skip
 def issuer_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 04.1: ``answer(store, authority, name, recovered) -> (epoch, counter)``."""
     from labkit.fence import token
@@ -213,14 +207,8 @@ def _lease_rows(db) -> set:
     return set(execute(db, "SELECT name, owner, generation, expires_at, ttl FROM leases"))
 
 
-@task(
-    "04.2",
-    "the cleanup that keeps every generation",
-    CLEANUP_HOSTILE,
-    count=12,
-    make=_cleanup_knobs,
-    returns=(int,),
-)
+@task("04.2", "the cleanup that keeps every generation", CLEANUP_HOSTILE, count=12,
+      make=_cleanup_knobs, returns=(int,))  # fmt: skip
 def cleanup_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 04.2: ``answer(conn, now) -> number of lease rows deleted``."""
     from labkit.clock import VirtualClock
