@@ -1,9 +1,10 @@
-"""How long each grading check takes on a correct answer (target: under 2 s per task).
+"""How long a check cell takes on a correct answer, the judge's process included (target: 2 s).
 
-Each task's check runs every one of its schedules against real SQLite, the
-way a check cell does. The answers are the first correct answer of each task
-in the test corpus (``tests/corpus_part*.py``). Printed: the task, how many
-schedules it ran, and the best and median wall time over ``--repeat`` runs.
+A check cell hands the kernel's cells to ``python -m labkit.grading.judge TASK``, which starts
+the sandboxed worker, runs the cells there and every schedule of the task against the answer.
+This runs exactly that command for each task, with the solution's cells up to its check cell,
+and prints the task, its schedules, and the best and median wall time over ``--repeat`` runs;
+beside it, the same command for an empty program (the judge's fixed cost), in the same run.
 
 Run: ``make bench`` or ``python benchmarks/checks.py [--repeat 3]``.
 """
@@ -11,45 +12,54 @@ Run: ``make bench`` or ``python benchmarks/checks.py [--repeat 3]``.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
+import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 
 import labkit.grading  # noqa: E402
-import corpus_part1  # noqa: E402
-import corpus_part2  # noqa: E402
 
 
-def answer(task_id: str):
-    """Define the task's first correct corpus answer and return the function."""
-    entry = {**corpus_part1.CORPUS, **corpus_part2.CORPUS}[task_id]
-    namespace: dict = {}
-    exec(next(iter(entry["right"].values())), namespace)
-    return namespace[entry["name"]]
+def cells_up_to(task_id: str) -> list[str]:
+    """The solution's code cells up to and including the check cell of ``task_id``."""
+    for path in sorted((ROOT / "solutions").glob("*.ipynb")):
+        code = [c["source"] for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+        for i, source in enumerate(code):
+            if source.startswith("# NBVAL_CHECK_OUTPUT") and f'check("{task_id}"' in source:
+                return code[: i + 1]
+    raise KeyError(task_id)
+
+
+def judged(task_id: str, cells: list[str]) -> float:
+    began = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "labkit.grading.judge", task_id],
+                         input=json.dumps(cells), capture_output=True, text=True, check=True)
+    seconds = time.perf_counter() - began
+    if cells and not json.loads(out.stdout.splitlines()[-1])[0]:
+        raise SystemExit(f"task {task_id}: the solution did not pass: {out.stdout}")
+    return seconds
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args(argv)
-    print(f"{'task':<6} {'schedules':>9} {'best s':>8} {'median s':>9}  under 2 s")
+    print(f"{'task':<6} {'schedules':>9} {'best s':>8} {'median s':>9}  {'empty s':>8}  under 2 s")
     worst = 0.0
     for task_id, task in sorted(labkit.grading.TASKS.items()):
-        fn, times = answer(task_id), []
+        cells = cells_up_to(task_id)
+        times, blank = [], []
         for _ in range(args.repeat):
-            began = time.perf_counter()
-            with contextlib.redirect_stdout(io.StringIO()):
-                labkit.grading.check(task_id, fn)
-            times.append(time.perf_counter() - began)
-        worst = max(worst, statistics.median(times))
-        print(f"{task_id:<6} {len(task.schedules):>9} {min(times):>8.3f} {statistics.median(times):>9.3f}"
-              f"  {'yes' if statistics.median(times) < 2 else 'NO'}")
+            times.append(judged(task_id, cells))
+            blank.append(judged(task_id, []))
+        median = statistics.median(times)
+        worst = max(worst, median)
+        print(f"{task_id:<6} {len(task.schedules):>9} {min(times):>8.3f} {median:>9.3f}  "
+              f"{statistics.median(blank):>8.3f}  {'yes' if median <= 2 else 'NO'}")
     print(f"slowest median: {worst:.3f} s")
     return 0
 

@@ -16,3 +16,11 @@ def require(what: str, reason: str | None, variable: str) -> None:
     print(f"\n*** {message} ***")
     warnings.warn(message, pytest.PytestWarning, stacklevel=2)
     pytest.skip(message)
+
+
+def require_sandbox() -> None:
+    """Go on only if answers run under bubblewrap (``LABKIT_REQUIRE_SANDBOX=1``: else fail)."""
+    from labkit.grading import judge
+
+    missing = None if judge.sandboxed() else "bubblewrap (bwrap) is missing or LABKIT_NO_SANDBOX=1"
+    require("the sandbox test", missing, "LABKIT_REQUIRE_SANDBOX")

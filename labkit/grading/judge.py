@@ -22,6 +22,20 @@ from labkit.grading.sandbox import Jail, sandboxed
 __all__ = ["Sandbox", "RemoteAnswer", "Refused", "judge", "attempt", "sandboxed"]
 
 
+#: what an answer may do with a connection the judge lends it
+CONN_USES = (
+    "execute",
+    "executemany",
+    "executescript",
+    "commit",
+    "rollback",
+    "close",
+    "enter",
+    "exit",
+)
+CONN_READS = ("in_transaction", "total_changes", "isolation_level")
+
+
 class Refused(BaseException):
     """The answer's process broke the rules of the boundary: it died, went silent, took too long
     or sent what is not a plain value. A BaseException, so that no trial's ``except`` eats it."""
@@ -33,8 +47,9 @@ class Sandbox(wire.Peer):
     (submissions, outputs, solutions). ``broken`` once the worker stopped answering.
     """
 
-    def __init__(self, *, hide=(), timeout: float = 30.0, warn=sys.stderr) -> None:
+    def __init__(self, *, hide=(), timeout: float = 30.0, warn=None) -> None:
         self.timeout, self.broken, self.child, self.told = timeout, False, False, set()
+        self.lent: set = set()  # the connections lent to the answer in this schedule
         self.jail = Jail(hide=hide, warn=warn)
         super().__init__(wire.Channel(self.jail.rfd, self.jail.wfd))
 
@@ -76,8 +91,42 @@ class Sandbox(wire.Peer):
         """Run one code cell in the worker; its error in words, or None."""
         return self._ask({"op": "cell", "source": source, "number": number}).get("error")
 
+    def allow(self, target, what: str, args: list) -> None:
+        """What an answer may do with what the judge lends it: use it, never change or read
+        its insides. A connection only runs SQL (and says whether a transaction is open);
+        a trial's own helper (a clock, a flaky mailer) shows only its methods."""
+        name = args[0] if what in ("getattr", "method") else None
+        if what == "setattr":
+            raise PermissionError("the judge's objects can be used, not changed")
+        if isinstance(target, sqlite3.Connection):
+            if what in CONN_USES or name in CONN_READS and what == "getattr":
+                return
+            raise PermissionError(
+                f"a connection lent to an answer runs SQL only, not {name or what}"
+            )
+        if type(target).__module__.startswith("labkit.grading"):
+            if what in ("list", "len", "getitem", "repr", "bool"):
+                raise PermissionError(f"a trial's helper does not answer {what}")
+            if what == "getattr" and not callable(getattr(target, str(name), None)):
+                raise PermissionError(f"a trial's helper shows its methods only, not {name!r}")
+
+    def serve(self, message: dict) -> None:
+        """Serve one request with ATTACH switched off on every connection lent: the answer's
+        SQL runs in the judge, and must not reach a file other than the trial's."""
+        limits = []
+        for conn in self.lent:
+            with contextlib.suppress(sqlite3.Error):
+                limits.append((conn, conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)))
+        try:
+            super().serve(message)
+        finally:
+            for conn, old in limits:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, old)
+
     def kind(self, value) -> list:
         if isinstance(value, sqlite3.Connection):
+            self.lent.add(value)
             return ["conn"]
         if isinstance(value, sqlite_utils.Database):
             return ["db", self.handle(value.conn)[1]]
@@ -93,7 +142,7 @@ class Sandbox(wire.Peer):
         if self.broken:
             raise Refused("the answer's process stopped answering")
         self.mine.clear(), self.theirs.clear(), self.ids.clear(), self.raised.clear()
-        self.told = set()
+        self.told, self.lent = set(), set()
         self._ask({"op": "fork"}, reply=False)
         self.child = True
         try:

@@ -48,16 +48,25 @@ def _hidden(hide) -> list[str]:
     return sorted({str(pathlib.Path(p).resolve()) for p in places if os.path.isdir(p)}, key=len)
 
 
+def _in_tmp(place: str) -> bool:
+    return place == "/tmp" or place.startswith("/tmp/")
+
+
 def _argv(tool: str, hide) -> list[str]:
     """bwrap's options: hide the places of people's files, then show only what Python needs."""
-    argv = [tool, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    for place in _hidden(hide):
+    argv = [tool, "--ro-bind", "/", "/", "--dev", "/dev", "--tmpfs", "/dev/shm", "--proc", "/proc"]
+    hidden = _hidden(hide)
+    for place in hidden:
         argv += ["--tmpfs", place]
     argv += ["--size", str(TMP_BYTES), "--tmpfs", "/tmp"]
     for place in sorted({sys.base_prefix, sys.prefix, str(LABKIT)}, key=len):
         argv += ["--ro-bind", place, place]
     argv += ["--tmpfs", str(LABKIT / "grading"), "--ro-bind", str(WORKER), "/tmp/.labkit/worker.py"]
     argv += ["--ro-bind", str(WIRE), "/tmp/.labkit/wire.py"]
+    # the hiding tmpfs are unbounded: once the binds are in, none of them can be written
+    sealed = ["/dev", "/dev/shm", str(LABKIT / "grading")] + [p for p in hidden if not _in_tmp(p)]
+    for place in sealed:
+        argv += ["--remount-ro", place]
     argv += ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     argv += ["--chdir", "/tmp", "--setenv", "HOME", "/tmp"]
     return argv + [sys.executable, "-I", "/tmp/.labkit/worker.py"]
@@ -122,7 +131,7 @@ def _both(preexec, fds: dict):
 class Jail:
     """The worker process; ``rfd``/``wfd`` are the judge's ends of its channel."""
 
-    def __init__(self, *, hide=(), warn=sys.stderr) -> None:
+    def __init__(self, *, hide=(), warn=None) -> None:
         self.group, self.folder = _pids_group(), None
         self.rfd, wj = os.pipe()  # worker -> judge
         rw, self.wfd = os.pipe()  # judge -> worker
@@ -132,7 +141,10 @@ class Jail:
         if tool:
             argv, cwd = _argv(tool, hide), "/"
         else:
-            print("labkit.grading: bubblewrap is missing: answers run UNSANDBOXED", file=warn)
+            print(
+                "labkit.grading: bubblewrap is missing: answers run UNSANDBOXED",
+                file=warn or sys.stderr,
+            )
             self.folder = tempfile.mkdtemp(prefix="labkit-answer-")
             argv, cwd = [sys.executable, "-I", str(WORKER)], self.folder
         self.process = subprocess.Popen(

@@ -224,11 +224,15 @@ class Peer:
             return self.raised[info["origin"]]
         return rebuild(info, keep_name=SANDBOX)
 
+    def allow(self, target, what: str, args: list) -> None:
+        """Raise if the other side may not do ``what`` to ``target`` (the judge's rule)."""
+
     def serve(self, message: dict) -> None:
         """Carry out one request on one of our objects, and reply (or send its exception)."""
         try:
-            target = self.mine[message["id"]]
-            value = self.out(perform(target, message["what"], self.into(message["args"])))
+            target, args = self.mine[message["id"]], self.into(message["args"])
+            self.allow(target, message["what"], args)
+            value = self.out(perform(target, message["what"], args))
             reply = {"op": "reply", "value": value}
         except Exception as exc:  # the object raised: the other side sees it, as in-process
             self.raised[id(exc)] = exc

@@ -1,0 +1,300 @@
+"""What an answer can reach from inside the judge's sandbox (issue 12, "Tests").
+
+Each probe is a function defined in a cell of a real :class:`judge.Sandbox` and called through
+``box.answer``, as a trial calls an answer: what it returns is what the answer saw. Every
+"cannot" has its "can" beside it (a file of the same kind that is visible, a write that fits,
+the test's own connect), so that a probe that sees nothing at all cannot pass for a wall.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+import pytest
+from answers import judged
+from prerequisites import require_sandbox
+
+from labkit.grading import judge, sandbox
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+PROBES = '''
+import os, socket
+
+def read(path):
+    try:
+        with open(path, "rb") as f:
+            return ["read", f.read(200).decode("latin-1")]
+    except OSError as exc:
+        return ["refused", type(exc).__name__]
+
+def imports(name):
+    import importlib
+    try:
+        module = importlib.import_module(name)
+    except ImportError as exc:
+        return ["refused", type(exc).__name__]
+    return ["imported", sorted(n for n in vars(module) if not n.startswith("__"))[:50]]
+
+def write(path, megabytes, files=1):
+    """Write ``files`` files of ``megabytes`` MB each; how many MB fit, and the error."""
+    done = 0
+    try:
+        for i in range(files):
+            with open(f"{path}.{i}", "wb") as f:
+                for _ in range(megabytes):
+                    f.write(b"x" * (1 << 20))
+                    f.flush()
+                    done += 1
+    except OSError as exc:
+        return [done, type(exc).__name__]
+    finally:
+        for i in range(files):
+            try:
+                os.remove(f"{path}.{i}")
+            except OSError:
+                pass
+    return [done, None]
+
+def status():
+    with open("/proc/self/status") as f:
+        return f.read()
+
+def connect(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=3).close()
+    except OSError as exc:
+        return type(exc).__name__
+    return "connected"
+
+def pid():
+    return os.getpid()
+'''
+
+
+def _call(box: judge.Sandbox, name: str, *args):
+    with box.answer(name, ()) as probe:
+        return probe(*args)
+
+
+@pytest.fixture(scope="module")
+def places():
+    """A folder beside the checkout (visible unless hidden) with another student's submission,
+    a file that stays visible, and a file in the system temp dir."""
+    parent = pathlib.Path(tempfile.mkdtemp(prefix=".labkit-sandbox-test-", dir=ROOT.parent))
+    (parent / "other-student").mkdir()
+    (parent / "other-student" / "02-fencing-tokens.ipynb").write_text('{"cells": []}\n')
+    (parent / "visible.txt").write_text("visible\n")
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as spare:
+        spare.write("in the system temp dir\n")
+    try:
+        yield {"parent": parent, "submission": parent / "other-student", "temp": spare.name}
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+        os.remove(spare.name)
+
+
+@pytest.fixture(scope="module")
+def box(places):
+    require_sandbox()
+    with judge.Sandbox(hide=[places["submission"]], timeout=20) as box:
+        assert box.cell(PROBES, 0) is None
+        yield box
+
+
+def test_an_answer_cannot_read_the_solutions_the_tests_git_or_another_submission(box, places):
+    submission = places["submission"] / "02-fencing-tokens.ipynb"
+    for path in (ROOT / "solutions" / "keys.json", ROOT / "solutions" / "02-fencing-tokens.ipynb",
+                 ROOT / "tests" / "answers.py", ROOT / ".git" / "HEAD", submission,
+                 places["temp"], ROOT / "labkit" / "grading" / "checks02.py",
+                 ROOT / "labkit" / "grading" / "judge.py"):  # fmt: skip
+        assert pathlib.Path(path).exists(), path  # here, in the judge's process
+        assert _call(box, "read", str(path)) == ["refused", "FileNotFoundError"], path
+    # the same kind of file, not hidden, is readable: the probe can see
+    assert _call(box, "read", str(places["parent"] / "visible.txt")) == ["read", "visible\n"]
+    fence = ROOT / "labkit" / "fence.py"
+    assert _call(box, "read", str(fence)) == ["read", fence.read_text()[:200]]
+
+
+def test_an_answer_imports_labkit_and_sqlite_utils_but_no_check(box):
+    assert _call(box, "imports", "labkit")[0] == "imported"
+    assert "Fence" in _call(box, "imports", "labkit")[1]
+    assert _call(box, "imports", "sqlite_utils")[0] == "imported"
+    assert _call(box, "imports", "labkit.mechanisms.timing")[0] == "imported"
+    for name in ("labkit.grading.checks02", "labkit.grading.writers", "labkit.grading.judge"):
+        assert _call(box, "imports", name) == ["refused", "ModuleNotFoundError"], name
+    # labkit/grading/ is an empty folder there: at most an empty namespace package, no check
+    grading = _call(box, "imports", "labkit.grading")
+    assert grading[0] == "refused" or not {"TASKS", "check", "verdict", "keys"} & set(grading[1])
+
+
+def test_an_answer_cannot_connect_to_a_socket_on_loopback(box):
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert _call(box, "connect", port) == "ConnectionRefusedError"
+        socket.create_connection(("127.0.0.1", port), timeout=3).close()  # the judge's own: fine
+
+
+def test_an_answer_writes_only_to_a_small_tmp(box):
+    assert _call(box, "write", "/tmp/answer", 1) == [1, None]
+    done, error = _call(box, "write", "/tmp/big", 10, 8)  # 80 MB in 10 MB files (file limit 16)
+    assert error == "OSError" and done < sandbox.TMP_BYTES >> 20
+    for place in ("/etc", "/usr", ROOT / "labkit", ROOT / ".venv"):
+        assert _call(box, "write", f"{place}/answer-was-here", 1) == [0, "OSError"], place
+    assert not list((ROOT / "labkit").glob("answer-was-here*"))
+
+
+# BUG (labkit/grading/sandbox.py, _argv): each hidden place is a writable tmpfs of no set size
+# (--size only applies to the /tmp one), and --dev /dev is a writable tmpfs too: 80 MB fit in the
+# checkout, /root, /home, /var/tmp, labkit/grading, /dev and /dev/shm, bounded by the host's RAM
+# only (RLIMIT_AS does not count tmpfs pages). ``--remount-ro P`` after each, and after --dev.
+def test_no_place_outside_tmp_is_writable(box):
+    places = (ROOT, ROOT / "labkit" / "grading", "/root", "/home", "/var/tmp", "/dev", "/dev/shm")
+    wrote = {str(p): _call(box, "write", f"{p}/answer-was-here", 10, 8) for p in places}
+    assert all(done == 0 for done, _ in wrote.values()), wrote
+
+
+def test_an_answer_has_no_capabilities(box):
+    lines = dict(
+        line.split(":\t", 1) for line in _call(box, "status").splitlines() if ":\t" in line
+    )
+    assert lines["CapEff"] == "0000000000000000"
+    assert lines["CapPrm"] == "0000000000000000"
+
+
+def _workers() -> dict[int, bytes]:
+    """This test's descendant processes that run the worker, pid -> cmdline."""
+    parents, lines = {}, {}
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = pathlib.Path(f"/proc/{entry}/stat").read_text()
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+            lines[int(entry)] = pathlib.Path(f"/proc/{entry}/cmdline").read_bytes()
+    mine = {}
+    for pid, line in lines.items():
+        up = pid
+        while up in parents and up != os.getpid():
+            up = parents[up]
+        if up == os.getpid() and b"worker.py" in line:
+            mine[pid] = line
+    return mine
+
+
+FORK_LOOP = """
+import os, time
+
+def fork_loop():
+    made = 0
+    for _ in range(500):
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        made += 1
+    return made
+"""
+
+
+def test_a_fork_loop_is_stopped_and_leaves_no_process_behind():
+    require_sandbox()
+    before = _workers()  # the other tests' sandbox, open for the module
+    with judge.Sandbox(timeout=20) as box:
+        assert box.cell(FORK_LOOP, 0) is None
+        made = _call(box, "fork_loop")
+        alive = {pid: line for pid, line in _workers().items() if pid not in before}
+        assert 0 < made < 64
+        assert len(alive) > made  # the loop's processes, still sleeping in the sandbox
+    assert subprocess.run(["true"], check=False).returncode == 0  # the judge's machine still forks
+    deadline = time.monotonic() + 10  # SIGKILL is delivered at once, reaped soon after
+    while (left := set(alive) & set(_workers())) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left, {pid: alive[pid] for pid in left}
+
+
+def test_an_answer_is_killed_at_its_cpu_limit(monkeypatch):
+    require_sandbox()
+    monkeypatch.setattr(sandbox, "LIMITS", dict(sandbox.LIMITS, cpu=2))
+    with judge.Sandbox(timeout=30) as box:
+        assert box.cell(PROBES + "\ndef spin():\n    while True:\n        pass\n", 0) is None
+        with pytest.raises(judge.Refused, match="exited in the middle of a call"):
+            _call(box, "spin")
+        assert not box.broken  # only the schedule's copy died: the next one can run
+        assert isinstance(_call(box, "pid"), int)
+
+
+def test_a_task_whose_answer_spins_fails_with_the_reason(monkeypatch):
+    require_sandbox()
+    monkeypatch.setattr(sandbox, "LIMITS", dict(sandbox.LIMITS, cpu=2))
+    spin = "def conservative_deadline(*args):\n    while True:\n        pass\n"
+    passed, text = judged("05.1", "conservative_deadline", {"spin": spin}, timeout=30)["spin"]
+    assert not passed and "exited in the middle of a call" in text, text
+
+
+HOG = """
+def hog(megabytes):
+    block = bytearray(megabytes << 20)
+    return len(block) >> 20
+"""
+
+
+def test_an_answer_is_stopped_at_its_memory_limit(monkeypatch):
+    require_sandbox()
+    with judge.Sandbox(timeout=30) as box:  # the default limit (2 GB): 768 MB fit
+        assert box.cell(HOG, 0) is None
+        assert _call(box, "hog", 768) == 768
+    monkeypatch.setattr(sandbox, "LIMITS", dict(sandbox.LIMITS, memory=512 << 20))
+    with judge.Sandbox(timeout=30) as box:
+        assert box.cell(HOG, 0) is None
+        with pytest.raises(MemoryError):
+            _call(box, "hog", 768)
+        assert _call(box, "hog", 16) == 16
+    hog = "def conservative_deadline(*args):\n    return float(len(bytearray(768 << 20)))\n"
+    passed, text = judged("05.1", "conservative_deadline", {"hog": hog})["hog"]
+    assert not passed and "MemoryError" in text, text
+
+
+def test_an_answer_that_loops_forever_times_out_and_breaks_its_box():
+    require_sandbox()
+    with judge.Sandbox(timeout=1) as box:
+        assert box.cell("def forever(*args):\n    while True:\n        pass\n", 0) is None
+        with pytest.raises(judge.Refused, match=r"stopped answering \(no answer within 1 s\)"):
+            _call(box, "forever")
+        assert box.broken
+        with pytest.raises(judge.Refused):  # a broken box refuses, it does not hang
+            _call(box, "forever")
+
+
+def test_without_bubblewrap_answers_still_run_out_of_process(monkeypatch, capfd):
+    monkeypatch.setenv("LABKIT_NO_SANDBOX", "1")
+    assert not judge.sandboxed()
+    said = io.StringIO()
+    with judge.Sandbox(timeout=20, warn=said) as box:
+        assert box.cell(PROBES, 0) is None
+        theirs = _call(box, "pid")
+        folder = box.jail.folder
+        assert os.path.isdir(folder)
+    assert theirs != os.getpid()
+    assert "UNSANDBOXED" in said.getvalue()
+    assert not os.path.exists(folder)  # its private folder is removed with it
+
+
+# BUG (labkit/grading/judge.py Sandbox, sandbox.py Jail): ``warn=sys.stderr`` is bound when the
+# module is imported, so a later sys.stderr (pytest's capture, contextlib.redirect_stderr) never gets it.
+def test_without_bubblewrap_the_warning_goes_to_the_current_stderr(monkeypatch, capsys):
+    monkeypatch.setenv("LABKIT_NO_SANDBOX", "1")
+    with judge.Sandbox(timeout=20):
+        pass
+    assert "UNSANDBOXED" in capsys.readouterr().err
