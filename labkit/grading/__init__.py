@@ -127,7 +127,7 @@ class Task:
     returns: tuple = ()
 
 
-TASKS: dict[str, Task] = {}
+_REGISTRY: dict[str, Task] = {}  # filled by the check modules, loaded on first use of TASKS
 
 
 def _random_story(rng: Random) -> dict:
@@ -146,7 +146,7 @@ def task(
     runs = tuple(schedules(hostile, count=count, make=make))
 
     def register(trial):
-        TASKS[task_id] = Task(task_id, title, trial, runs, tuple(returns))
+        _REGISTRY[task_id] = Task(task_id, title, trial, runs, tuple(returns))
         return trial
 
     return register
@@ -169,9 +169,10 @@ def _run(t: Task, answer, schedule: Schedule, history: list) -> None:
 
 
 def _task(task_id: str) -> Task:
-    if task_id not in TASKS:
-        raise BadArgument("task_id", f"no task {task_id!r}; the tasks are {sorted(TASKS)}")
-    return TASKS[task_id]
+    tasks = tasks_loaded()
+    if task_id not in tasks:
+        raise BadArgument("task_id", f"no task {task_id!r}; the tasks are {sorted(tasks)}")
+    return tasks[task_id]
 
 
 def verdict(task_id: str, answers, name: str) -> tuple[bool, str]:
@@ -259,14 +260,24 @@ def keys(task_id: str) -> dict:
         ) from None
 
 
-def _load_checks() -> None:
-    """(Re)load every check module, so that every name an answer cell patched is bound afresh."""
-    for name in CHECK_MODULES:
-        module = sys.modules.get(name)
-        if module is None:
-            importlib.import_module(name)
-        else:
-            importlib.reload(module)
+_LOADED: list = []
 
 
-_load_checks()
+def tasks_loaded() -> dict[str, Task]:
+    """The tasks, their check modules (re)loaded on first use after an import or a reload of
+    this module (the judge starts its sandbox meanwhile; a reload binds every name afresh)."""
+    if not _LOADED:
+        _LOADED.append(True)
+        for name in CHECK_MODULES:
+            module = sys.modules.get(name)
+            if module is None:
+                importlib.import_module(name)
+            else:
+                importlib.reload(module)
+    return _REGISTRY
+
+
+def __getattr__(name: str):
+    if name == "TASKS":
+        return tasks_loaded()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

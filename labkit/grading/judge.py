@@ -13,6 +13,7 @@ import contextlib
 import functools
 import sqlite3
 import sys
+import threading
 
 import sqlite_utils
 
@@ -208,9 +209,13 @@ def judge(items: list[tuple], tasks=None, *, hide=(), timeout: float = 30.0) -> 
     sandbox, and each task (of ``tasks``; None: all) at its last check. Returns
     ``{task: (passed, text)}``. A sandbox an answer broke is replaced and the cells run again;
     after a cell that does not finish within ``timeout``, every later task fails."""
+    from labkit.grading import tasks_loaded
+
     last = {item[1]: i for i, item in enumerate(items) if item[0] == "check"}
     wanted = [t for t in last if tasks is None or t in tasks]
     results, box, hung = {}, None, None
+    loading = threading.Thread(target=tasks_loaded)  # the checks load while the cells run
+    loading.start()
     try:
         for i, item in enumerate(items):
             if not any(last[t] >= i for t in wanted):
@@ -225,9 +230,11 @@ def judge(items: list[tuple], tasks=None, *, hide=(), timeout: float = 30.0) -> 
             if item[0] == "code" and hung is None:
                 hung = None if _cell(box, item[1], i) else i
             elif item[0] == "check" and item[1] in wanted and last[item[1]] == i:
+                loading.join()
                 why = f"task {item[1]}: code cell {hung} did not finish within {timeout:g} s"
                 results[item[1]] = (False, why) if hung is not None else attempt(box, *item[1:])
     finally:
+        loading.join()
         if box is not None:
             box.close()
     for t in wanted:
