@@ -154,10 +154,9 @@ def test_an_answer_writes_only_to_a_small_tmp(box):
     assert not list((ROOT / "labkit").glob("answer-was-here*"))
 
 
-# BUG (labkit/grading/sandbox.py, _argv): each hidden place is a writable tmpfs of no set size
-# (--size only applies to the /tmp one), and --dev /dev is a writable tmpfs too: 80 MB fit in the
-# checkout, /root, /home, /var/tmp, labkit/grading, /dev and /dev/shm, bounded by the host's RAM
-# only (RLIMIT_AS does not count tmpfs pages). ``--remount-ro P`` after each, and after --dev.
+# Each place hidden by a tmpfs (the checkout, /root, ..., /dev, /dev/shm) is sealed read-only once
+# the binds are in: RLIMIT_AS does not count tmpfs pages, so a writable one would be bounded by
+# the host's RAM only (it was, before: 80 MB fit in each).
 def test_no_place_outside_tmp_is_writable(box):
     places = (ROOT, ROOT / "labkit" / "grading", "/root", "/home", "/var/tmp", "/dev", "/dev/shm")
     wrote = {str(p): _call(box, "write", f"{p}/answer-was-here", 10, 8) for p in places}
@@ -241,6 +240,15 @@ def test_a_task_whose_answer_spins_fails_with_the_reason(monkeypatch):
     spin = "def conservative_deadline(*args):\n    while True:\n        pass\n"
     passed, text = judged("05.1", "conservative_deadline", {"spin": spin}, timeout=30)["spin"]
     assert not passed and "exited in the middle of a call" in text, text
+
+
+def test_a_task_that_answers_slowly_every_time_is_stopped_by_its_deadline():
+    """Each call answers within the 1 s timeout, but a task may take 3 timeouts in all."""
+    require_sandbox()
+    slow = ("import time\ndef conservative_deadline(send_time, ttl, margin, max_drift):\n"
+            "    time.sleep(0.5)\n    return send_time + ttl * (1 - max_drift) - margin\n")  # right
+    passed, text = judged("05.1", "conservative_deadline", {"slow": slow}, timeout=1)["slow"]
+    assert not passed and "the task took more than 3 s" in text, text
 
 
 HOG = """

@@ -118,7 +118,11 @@ def _prepare(sub: Submission, solutions: dict[str, dict]) -> dict | None:
     if not tags:
         sub.problem = "not a submission of the exercise: it has no task cells"
         return None
-    return restore_checks(nb, solutions[match])
+    try:
+        return restore_checks(nb, solutions[match])
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        sub.problem = f"not a readable notebook: {type(exc).__name__}: {exc}"
+        return None
 
 
 def _judge(job: tuple) -> tuple[dict, dict]:
@@ -131,8 +135,12 @@ def _judge(job: tuple) -> tuple[dict, dict]:
     import labkit.grading
 
     labkit.grading.SOLUTIONS = str(solutions)
-    items = program([cell_source(c) for c in nb["cells"] if c.get("cell_type") == "code"])
-    verdicts = judge.judge(items, set(tasks), hide=hide, timeout=timeout)
+    try:
+        sources = [cell_source(c) for c in nb["cells"] if c.get("cell_type") == "code"]
+        items = program([s for s in sources if isinstance(s, str)])
+        verdicts = judge.judge(items, set(tasks), hide=hide, timeout=timeout)
+    except Exception as exc:  # whatever went wrong costs this notebook only, and says so
+        verdicts = {t: (False, f"task {t}: the judge could not run it ({exc!r})") for t in tasks}
     results = {t: "pass" if verdicts.get(t, (False,))[0] else "fail" for t in tasks}
     notes = {t: verdicts[t][1] for t in tasks if results[t] == "fail" and t in verdicts}
     return results, notes

@@ -17,12 +17,15 @@ import threading
 
 import sqlite_utils
 
+from labkit.clock import RealClock
 from labkit.grading import wire
 from labkit.grading.sandbox import Jail, sandboxed
 
 __all__ = ["Sandbox", "RemoteAnswer", "Refused", "judge", "attempt", "sandboxed"]
 
 
+#: a whole task may take this many times the per-message timeout (real time: a grader must end)
+TASK_LIMIT, CLOCK = 3, RealClock()
 #: what an answer may do with a connection the judge lends it
 CONN_USES = (
     "execute",
@@ -50,6 +53,7 @@ class Sandbox(wire.Peer):
 
     def __init__(self, *, hide=(), timeout: float = 30.0, warn=None) -> None:
         self.timeout, self.broken, self.child, self.told = timeout, False, False, set()
+        self.deadline: float | None = None  # when the task being judged must be done by
         self.lent: set = set()  # the connections lent to the answer in this schedule
         self.jail = Jail(hide=hide, warn=warn)
         super().__init__(wire.Channel(self.jail.rfd, self.jail.wfd))
@@ -66,8 +70,14 @@ class Sandbox(wire.Peer):
         self.jail.close()
 
     def wait(self) -> dict:
+        left = self.timeout if self.deadline is None else self.deadline - CLOCK.now()
         try:
-            message = self.channel.recv(self.timeout)
+            try:
+                message = self.channel.recv(max(0.0, min(self.timeout, left)))
+            except TimeoutError:
+                if left >= self.timeout:
+                    raise
+                raise TimeoutError(f"the task took more than {TASK_LIMIT * self.timeout:g} s")
         except (OSError, wire.ChannelClosed, TimeoutError) as exc:
             self.broken = True
             raise Refused(f"the answer's process stopped answering ({exc})") from None
@@ -258,10 +268,13 @@ def attempt(box: Sandbox, task_id: str, name: str) -> tuple[bool, str]:
     task = TASKS.get(task_id)
     if task is None:
         return False, f"task {task_id}: no such task"
+    box.deadline = CLOCK.now() + TASK_LIMIT * box.timeout
     try:
         return verdict(task.id, lambda: box.answer(name, task.returns), name)
     except Refused as exc:
         return False, f"task {task.id}: {exc}"
+    finally:
+        box.deadline = None
 
 
 def main(argv: list[str] | None = None) -> int:

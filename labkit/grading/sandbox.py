@@ -133,6 +133,11 @@ class Jail:
 
     def __init__(self, *, hide=(), warn=None) -> None:
         self.group, self.folder = _pids_group(), None
+        if self.group is None and os.getuid() == 0:  # RLIMIT_NPROC does not bind root
+            print(
+                "labkit.grading: no pids cgroup: answers have no process limit",
+                file=warn or sys.stderr,
+            )
         self.rfd, wj = os.pipe()  # worker -> judge
         rw, self.wfd = os.pipe()  # judge -> worker
         tool = bwrap()
