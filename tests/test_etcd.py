@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import astuple
 from pathlib import Path
 
 import pytest
@@ -46,7 +45,7 @@ def cluster(installed):
 
 
 def history(steps) -> list[Event]:
-    return [Event(*astuple(step)) for step in steps]
+    return [Event(*step) for step in steps]
 
 
 def test_tokens_strictly_increase_across_20_acquisitions_and_a_verified_leader_change(cluster):

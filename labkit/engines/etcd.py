@@ -4,7 +4,8 @@
 its lease expire), and the leader is SIGKILLed halfway: every token is above all before it.
 :func:`restore_story`: the limit. Restored from a snapshot, the cluster issues a revision again,
 and only the fence at the resource (a SQLite file in the run's folder) refuses the stale write.
-Every step is recorded with real times (:class:`Step`, one to one with the checker's events).
+Every step is recorded with real times (:class:`~labkit.engines.servers.Step`, one to one with
+the checker's events).
 Leases are :mod:`labkit.engines.etcd_leases`, the cluster :mod:`labkit.engines.etcd_cluster`.
 """
 
@@ -20,7 +21,7 @@ from labkit.clock import RealClock, read_clock
 from labkit.db import connect
 from labkit.engines.etcd_cluster import Cluster, LeaderKiller, require
 from labkit.engines.etcd_leases import EtcdLease, EtcdLeases, authority
-from labkit.engines.servers import PREFIX as FOLDERS
+from labkit.engines.servers import PREFIX as FOLDERS, Step
 from labkit.errors import Busy, LabkitError, StaleGeneration, check_number
 from labkit.fence import Fence, unfenced
 
@@ -31,22 +32,6 @@ JOB, INVOICE = "invoice-run", "INV-1"  # labkit.sim's job (engines sit below sim
 UPSERT = """INSERT INTO invoices VALUES (?, ?, ?, ?) ON CONFLICT (job_id, invoice_id)
     DO UPDATE SET amount = excluded.amount, generation = excluded.generation"""
 _CLOCK = RealClock()  # a real-engine run: real time, read through the one clock protocol
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """One recorded step, field for field a :class:`labkit.sim.history.Event` (so
-    ``Event(*dataclasses.astuple(step))``): seconds since the start ``when``, ``who``, what was
-    tried and answered, the token, the operation key, the ``target`` and a lease's ``until``."""
-
-    when: float
-    who: str
-    action: str
-    outcome: str
-    generation: object = None
-    key: str | None = None
-    target: str | None = None
-    until: float | None = None
 
 
 class _Run:

@@ -18,12 +18,11 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 from labkit.clock import RealClock, read_clock
 from labkit.db import connect, ensure, ensure_schema, execute, rowcount, transaction
 from labkit.engines.redis_pair import RedisPair, require
-from labkit.engines.servers import PREFIX
+from labkit.engines.servers import PREFIX, Step
 from labkit.errors import LabkitError, StaleGeneration, check_number
 from labkit.fence import Fence, show
 
@@ -39,22 +38,6 @@ return redis.call('DEL', KEYS[1])"""
 UPSERT = """INSERT INTO invoices VALUES (?, ?, ?, ?) ON CONFLICT (job_id, invoice_id)
     DO UPDATE SET amount = excluded.amount, generation = excluded.generation"""
 EPOCHS = "CREATE TABLE redis_epochs (name TEXT PRIMARY KEY, epoch INTEGER NOT NULL)"
-
-
-class Step(NamedTuple):
-    """One recorded step, field for field a ``labkit.sim.Event``: ``Event(*step)``. ``time`` is
-    seconds since the servers were in sync, on the run's monotonic clock; an acquire's ``until``
-    is its send time plus the TTL, a pause's its planned end."""
-
-    time: float
-    worker: str
-    action: str
-    outcome: str
-    generation: object = None
-    key: str | None = None
-    target: str | None = None
-    until: float | None = None
-    began: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,13 +21,31 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from labkit.errors import LabkitError
 
 __all__ = ["MissingBinary", "ServerFailed", "Throwaway", "binary", "free_port", "as_user"]
-__all__ += ["descendants", "kill_tree", "proc_state", "sweep"]
+__all__ += ["Step", "descendants", "kill_tree", "proc_state", "sweep"]
 
 PREFIX = "labkit-server-"
+
+
+class Step(NamedTuple):
+    """One step of a real-engine run, field for field a ``labkit.sim.history.Event`` (engines sit
+    below the simulator, so the lesson makes the Event: ``Event(*step)``). ``time`` is seconds
+    since the run's start on its monotonic clock; an acquire's ``until`` is its send time plus
+    the TTL, a pause's its planned end."""
+
+    time: float
+    worker: str
+    action: str
+    outcome: str
+    generation: object = None
+    key: str | None = None
+    target: str | None = None
+    until: float | None = None
+    began: float | None = None
 
 
 class MissingBinary(LabkitError):
