@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 from pathlib import Path
 from random import Random
@@ -99,10 +100,12 @@ def expect(condition: bool, prop: str, detail: str = "") -> None:
 
 class CheckFailed(LabkitError, AssertionError):
     """A student's answer broke a property: ``task`` is its id, the text says what, where and how
-    to replay it (see :func:`failure`)."""
+    to replay it (see :func:`failure`), ``seed`` is the schedule that broke it (None: no trial)."""
 
     def __init__(self, task_id: str, text: str) -> None:
         self.task = task_id
+        found = re.search(r"seed=(-?\d+)\)$", text)
+        self.seed = int(found.group(1)) if found else None
         super().__init__(text)
 
 
@@ -197,20 +200,29 @@ def check(task_id: str, answer: Any) -> None:
     import json
     import subprocess
 
-    _task(task_id)
     shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
+    name = getattr(answer, "__name__", "")
     if not shell or "In" not in shell.user_ns:
-        raise BadArgument("answer", "check() judges a notebook's cells: run it in a check cell")
+        raise BadArgument("answer", "check() judges a notebook's cells: run it in a notebook")
+    if not name.isidentifier():
+        raise BadArgument("answer", f"must be a function the notebook defines, got {answer!r}")
     sources = [s for s in shell.user_ns["In"][1:] if isinstance(s, str)]
     if not sources or "check(" not in sources[-1]:  # nbval runs cells without history: the
         import linecache  # cells IPython compiled, in the order it compiled them, instead
 
         cached = [linecache.cache.get(name) for name in getattr(shell.compile, "_filename_map", ())]
         sources = ["".join(entry[2]) for entry in cached if entry]
-    argv = [sys.executable, "-m", "labkit.grading.judge", task_id]
-    done = subprocess.run(argv, input=json.dumps(sources), capture_output=True, text=True)
-    sys.__stderr__.write(done.stderr)  # never into the check cell's compared output
-    lines = done.stdout.strip().splitlines()
+    argv = [sys.executable, "-m", "labkit.grading.judge", task_id, name]
+    pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with subprocess.Popen(argv, **pipes) as judge:  # it starts while the task id is looked up
+        try:
+            _task(task_id)
+        except BadArgument:
+            judge.kill()
+            raise
+        out, err = judge.communicate(json.dumps(sources))
+    sys.__stderr__.write(err)  # never into the check cell's compared output
+    lines = out.strip().splitlines()
     passed, text = json.loads(lines[-1]) if lines else (False, f"task {task_id}: the judge failed")
     if not passed:
         raise CheckFailed(task_id, text)

@@ -278,14 +278,17 @@ def attempt(box: Sandbox, task_id: str, name: str) -> tuple[bool, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m labkit.grading.judge TASK`` < JSON list of cell sources: print the verdict."""
+    """``python -m labkit.grading.judge TASK [NAME]`` < a JSON list of the kernel's cell sources:
+    print ``[passed, text]``. With NAME (a check called from any cell), the check comes last."""
     import json
 
     from labkit.grading.notebooks import program
 
-    task = (argv if argv is not None else sys.argv[1:])[0]
-    sources = json.loads(sys.stdin.read())
-    passed, text = judge(program(sources), {task}).get(task, (False, f"no check of {task}"))
+    task, *name = argv if argv is not None else sys.argv[1:]
+    items = program(json.loads(sys.stdin.read()))
+    if name and (not items or items[-1][:2] != ("check", task)):
+        items.append(("check", task, name[0]))
+    passed, text = judge(items, {task}).get(task, (False, f"no check of {task}"))
     print(json.dumps([passed, text]))
     return 0
 
