@@ -171,7 +171,7 @@ BACKOFF_HOSTILE = hostile(
     ("tiny base 0.003 s, cap 60 s, many attempts", 0.003, 60.0, 60),
 )
 
-SAMPLES, AGAIN = 40, 10  # rng seeds per attempt; how many of them are drawn a second time
+SAMPLES, AGAIN = 30, 8  # rng seeds per attempt; how many of them are drawn a second time
 
 
 def _attempts(base: float, cap: float, count: int) -> list[int]:

@@ -224,27 +224,32 @@ def judge(items: list[tuple], tasks=None, *, hide=(), timeout: float = 30.0) -> 
     last = {item[1]: i for i, item in enumerate(items) if item[0] == "check"}
     wanted = [t for t in last if tasks is None or t in tasks]
     results, box, hung = {}, None, None
-    loading = threading.Thread(target=tasks_loaded)  # the checks load while the cells run
-    loading.start()
+    # the checks load while the first cells run; never while a worker is started (its preexec
+    # runs in the forked child, which must not inherit a lock another thread holds)
+    loading = threading.Thread(target=tasks_loaded)
     try:
         for i, item in enumerate(items):
             if not any(last[t] >= i for t in wanted):
                 break
             if hung is None and (box is None or box.broken):
                 if box is not None:
+                    loading.join()
                     box.close()
                 box = Sandbox(hide=hide, timeout=timeout)
+                if not loading.ident:
+                    loading.start()
                 for j, code in enumerate(items[:i]):
                     if code[0] == "code" and hung is None and not _cell(box, code[1], j):
                         hung = j
             if item[0] == "code" and hung is None:
                 hung = None if _cell(box, item[1], i) else i
             elif item[0] == "check" and item[1] in wanted and last[item[1]] == i:
-                loading.join()
+                loading.join() if loading.ident else tasks_loaded()
                 why = f"task {item[1]}: code cell {hung} did not finish within {timeout:g} s"
                 results[item[1]] = (False, why) if hung is not None else attempt(box, *item[1:])
     finally:
-        loading.join()
+        if loading.ident:
+            loading.join()
         if box is not None:
             box.close()
     for t in wanted:
