@@ -115,6 +115,8 @@ class Sandbox(wire.Peer):
             raise PermissionError(
                 f"a connection lent to an answer runs SQL only, not {name or what}"
             )
+        if isinstance(target, sqlite_utils.Database) and (what, name) != ("getattr", "conn"):
+            raise PermissionError("a database lent to an answer is reached through its connection")
         if type(target).__module__.startswith("labkit.grading"):
             if what in ("list", "len", "getitem", "repr", "bool"):
                 raise PermissionError(f"a trial's helper does not answer {what}")
@@ -149,7 +151,7 @@ class Sandbox(wire.Peer):
     @contextlib.contextmanager
     def answer(self, name: str, returns: tuple):
         """Fork the answer's process for one schedule; yield ``name`` there as a RemoteAnswer
-        (None if the notebook defines no such function)."""
+        (Refused if the notebook defines no such function)."""
         if self.broken:
             raise Refused("the answer's process stopped answering")
         self.mine.clear(), self.theirs.clear(), self.ids.clear(), self.raised.clear()
@@ -202,7 +204,7 @@ class RemoteAnswer:
         try:
             value = wire.decode(data, self._ours)
         except wire.NotCrossable as exc:
-            raise Refused(f"the answer returned a {exc}: only plain values cross") from None
+            raise Refused(f"the answer returned {exc}: only plain values cross") from None
         if self.returns and type(value) not in self.returns:
             names = " or ".join(map(_a, self.returns))
             raise Refused(f"the answer returns {names}; it returned {_a(type(value))}")
@@ -210,7 +212,7 @@ class RemoteAnswer:
 
     def _ours(self, tagged):
         if tagged[0] != "Y":
-            raise wire.NotCrossable("object of its own")
+            raise wire.NotCrossable("an object of its own")
         return self.box.resolve(tagged)
 
 
