@@ -27,16 +27,7 @@ __all__ = ["Sandbox", "RemoteAnswer", "Refused", "judge", "attempt", "sandboxed"
 #: a whole task may take this many times the per-message timeout (real time: a grader must end)
 TASK_LIMIT, CLOCK = 3, RealClock()
 #: what an answer may do with a connection the judge lends it
-CONN_USES = (
-    "execute",
-    "executemany",
-    "executescript",
-    "commit",
-    "rollback",
-    "close",
-    "enter",
-    "exit",
-)
+CONN_USES = "execute executemany executescript commit rollback close enter exit".split()
 CONN_READS = ("in_transaction", "total_changes", "isolation_level")
 
 
@@ -178,12 +169,8 @@ def _a(kind: type) -> str:
 @functools.cache
 def _methods(kind: type) -> list[str]:
     """The public methods of a class: a proxy calls them in one request, not two."""
-    found = [n for n in dir(kind) if not n.startswith("_")]
-    return [
-        n
-        for n in found
-        if callable(getattr(kind, n, None)) and not isinstance(getattr(kind, n), type)
-    ]
+    found = {n: getattr(kind, n, None) for n in dir(kind) if not n.startswith("_")}
+    return [n for n, v in found.items() if callable(v) and not isinstance(v, type)]
 
 
 class RemoteAnswer:
