@@ -80,7 +80,7 @@ def test_without_the_programs_each_button_names_the_packages_and_draws_the_simul
     actions, titles = lesson
     monkeypatch.delenv("LABKIT_REQUIRE_ENGINES", raising=False)
     absent(monkeypatch)
-    drawn = []
+    drawn, before = [], set(servers.descendants(os.getpid()))
     for label, packages in zip(LABELS, ("redis-server", *["etcd-server etcd-client"] * 2)):
         actions[label]()
         said = capsys.readouterr().out
@@ -91,7 +91,7 @@ def test_without_the_programs_each_button_names_the_packages_and_draws_the_simul
     assert drawn == [2, 3, 4]
     assert "token 7 went to A and B" in titles[0] and "nothing lost" in titles[1]
     assert "nothing lost" in titles[2] and "locked out" in titles[3]
-    assert servers.descendants(os.getpid()) == []
+    assert set(servers.descendants(os.getpid())) <= before  # (a session's PostgreSQL may run)
 
 
 def test_a_missing_program_raises_under_labkit_require_engines(lesson, monkeypatch):
@@ -110,6 +110,7 @@ def test_each_button_plays_its_real_engine_and_draws_what_happened(lesson, capsy
     kill; a restore reissues a revision and the fence refuses it. No server is left."""
     require("lesson 04 on real engines", missing(), "LABKIT_REQUIRE_ENGINES")
     actions, titles = lesson
+    before = set(servers.descendants(os.getpid()))
     actions[LABELS[0]]()
     said = capsys.readouterr().out
     assert "✗ two holders with one token, 7" in said and "✓ B's (2, 7) is above A's (1, 7)" in said
@@ -124,4 +125,4 @@ def test_each_button_plays_its_real_engine_and_draws_what_happened(lesson, capsy
     assert "✓ D holds" in said and "a token issued before, again" in said
     assert "is below the fence" in said and " s in all)" in said
     assert titles[2:] == ["no violation", "no violation"]
-    assert servers.descendants(os.getpid()) == []
+    assert set(servers.descendants(os.getpid())) <= before  # (a session's PostgreSQL may run)

@@ -203,6 +203,7 @@ def check(task_id: str, answer: Any) -> None:
     shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
     name = getattr(answer, "__name__", "")
     if not shell or "In" not in shell.user_ns:
+        _task(task_id)  # an unknown task is named first
         raise BadArgument("answer", "check() judges a notebook's cells: run it in a notebook")
     if not name.isidentifier():
         raise BadArgument("answer", f"must be a function the notebook defines, got {answer!r}")

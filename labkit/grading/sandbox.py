@@ -1,8 +1,9 @@
 """The answer's prison: bubblewrap, resource limits and a pids cgroup around the worker.
 
 :class:`Jail` starts :mod:`labkit.grading.worker` under bubblewrap: no network, no capabilities,
-a read-only system, only ``labkit/`` of the checkout (not its checks) and the venv visible, one
-small writable ``/tmp``; CPU, memory, file-size and process limits. Without bubblewrap it runs
+nothing of the host but what Python needs (read-only: ``/usr``, a few files of ``/etc``, Python,
+the venv, ``labkit/`` without its checks), one small writable ``/tmp``; CPU, memory, file-size
+and process limits. Without bubblewrap it runs
 the worker out of process with the same limits in a private folder, and says on stderr that it
 is unsandboxed. As root RLIMIT_NPROC is ignored, so processes are limited by a pids cgroup.
 """
@@ -42,30 +43,33 @@ def sandboxed() -> bool:
     return bwrap() is not None
 
 
-def _hidden(hide) -> list[str]:
-    checkout = LABKIT.parent
-    places = ["/tmp", "/var/tmp", "/root", "/home", checkout, *hide, tempfile.gettempdir()]
-    return sorted({str(pathlib.Path(p).resolve()) for p in places if os.path.isdir(p)}, key=len)
-
-
-def _in_tmp(place: str) -> bool:
-    return place == "/tmp" or place.startswith("/tmp/")
+#: the few files of /etc a Python process reads (the dynamic loader, the time zone, user names)
+ETC = ("ld.so.cache", "ld.so.conf", "localtime", "passwd", "group", "nsswitch.conf")
 
 
 def _argv(tool: str, hide) -> list[str]:
-    """bwrap's options: hide the places of people's files, then show only what Python needs."""
-    argv = [tool, "--ro-bind", "/", "/", "--dev", "/dev", "--tmpfs", "/dev/shm", "--proc", "/proc"]
-    hidden = _hidden(hide)
-    for place in hidden:
-        argv += ["--tmpfs", place]
-    argv += ["--size", str(TMP_BYTES), "--tmpfs", "/tmp"]
+    """bwrap's options. Nothing of the host is there unless named: ``/usr`` (and the links into
+    it), a few files of ``/etc``, Python, the venv and ``labkit/`` without its checks, all
+    read-only; a 64 MB ``/tmp``; a fresh ``/dev`` and ``/proc``. ``hide`` covers what of the
+    named places must not be seen (a submission kept inside the checkout, say)."""
+    argv = [tool, "--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "lib", "lib32", "lib64", "sbin"):
+        if os.path.islink(f"/{name}"):
+            argv += ["--symlink", os.readlink(f"/{name}"), f"/{name}"]
+        elif os.path.isdir(f"/{name}"):
+            argv += ["--ro-bind", f"/{name}", f"/{name}"]
+    for name in ETC:
+        argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    argv += ["--dev", "/dev", "--proc", "/proc", "--size", str(TMP_BYTES), "--tmpfs", "/tmp"]
     for place in sorted({sys.base_prefix, sys.prefix, str(LABKIT)}, key=len):
         argv += ["--ro-bind", place, place]
+    shown = (sys.base_prefix, sys.prefix, str(LABKIT))
+    for place in sorted({str(pathlib.Path(p).resolve()) for p in hide}):
+        if any(place == s or place.startswith(s + "/") for s in shown) and os.path.isdir(place):
+            argv += ["--tmpfs", place, "--remount-ro", place]
     argv += ["--tmpfs", str(LABKIT / "grading"), "--ro-bind", str(WORKER), "/tmp/.labkit/worker.py"]
     argv += ["--ro-bind", str(WIRE), "/tmp/.labkit/wire.py"]
-    # the hiding tmpfs are unbounded: once the binds are in, none of them can be written
-    sealed = ["/dev", "/dev/shm", str(LABKIT / "grading")] + [p for p in hidden if not _in_tmp(p)]
-    for place in sealed:
+    for place in (str(LABKIT / "grading"), "/dev", "/"):  # no tmpfs but /tmp can be written
         argv += ["--remount-ro", place]
     argv += ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     argv += ["--chdir", "/tmp", "--setenv", "HOME", "/tmp"]
