@@ -12,8 +12,10 @@ import contextlib
 import io
 import os
 import pathlib
+import random
 import shutil
 import socket
+import sqlite3
 import subprocess
 import tempfile
 import time
@@ -310,3 +312,16 @@ def test_without_bubblewrap_the_warning_goes_to_the_current_stderr(monkeypatch, 
     with judge.Sandbox(timeout=20):
         pass
     assert "UNSANDBOXED" in capsys.readouterr().err
+
+
+def test_the_judge_answers_and_records_each_request_of_the_answer():
+    """An RNG draw and an SQL statement are requests the judge serves and records."""
+    require_sandbox()
+    source = "def draw(rng, conn):\n    conn.execute('SELECT ?', (7,))\n    return rng.uniform(0, 2)\n"
+    with judge.Sandbox(timeout=5) as box:
+        assert box.cell(source, 0) is None
+        with box.answer("draw", ()) as draw:
+            got = draw(random.Random(3), sqlite3.connect(":memory:"))
+        assert got == random.Random(3).uniform(0, 2)
+        assert box.served == [("Connection", "execute", ["SELECT ?", (7,)]),
+                              ("Random", "method", ["uniform", [0, 2], {}])]

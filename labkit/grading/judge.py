@@ -46,6 +46,7 @@ class Sandbox(wire.Peer):
         self.timeout, self.broken, self.child, self.told = timeout, False, False, set()
         self.deadline: float | None = None  # when the task being judged must be done by
         self.lent: set = set()  # the connections lent to the answer in this schedule
+        self.served: list[tuple] = []  # its requests: (the object's class, what, the arguments)
         self.jail = Jail(hide=hide, warn=warn)
         super().__init__(wire.Channel(self.jail.rfd, self.jail.wfd))
 
@@ -115,8 +116,10 @@ class Sandbox(wire.Peer):
                 raise PermissionError(f"a trial's helper shows its methods only, not {name!r}")
 
     def serve(self, message: dict) -> None:
-        """Serve one request with ATTACH switched off on every connection lent: the answer's
-        SQL runs in the judge, and must not reach a file other than the trial's."""
+        """Record one request in :attr:`served`, and serve it with ATTACH switched off on every
+        connection lent: the answer's SQL runs in the judge, and must reach no other file."""
+        target, what = self.mine.get(message.get("id")), message.get("what")
+        self.served.append((type(target).__name__, what, wire.decode(message.get("args"), repr)))
         limits = []
         for conn in self.lent:
             with contextlib.suppress(sqlite3.Error):
@@ -146,7 +149,7 @@ class Sandbox(wire.Peer):
         if self.broken:
             raise Refused("the answer's process stopped answering")
         self.mine.clear(), self.theirs.clear(), self.ids.clear(), self.raised.clear()
-        self.told, self.lent = set(), set()
+        self.told, self.lent, self.served = set(), set(), []
         self._ask({"op": "fork"}, reply=False)
         self.child = True
         try:
