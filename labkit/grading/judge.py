@@ -50,8 +50,7 @@ class Sandbox(wire.Peer):
         self.jail = Jail(hide=hide, warn=warn)
         super().__init__(wire.Channel(self.jail.rfd, self.jail.wfd))
 
-    def __enter__(self) -> Sandbox:
-        return self
+    __enter__ = contextlib.AbstractContextManager.__enter__
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -95,9 +94,8 @@ class Sandbox(wire.Peer):
         return self._ask({"op": "cell", "source": source, "number": number}).get("error")
 
     def allow(self, target, what: str, args: list) -> None:
-        """What an answer may do with what the judge lends it: use it, never change or read
-        its insides. A connection only runs SQL (and says whether a transaction is open);
-        a trial's own helper (a clock, a flaky mailer) shows only its methods."""
+        """An answer may use what the judge lends it, never change it or read its insides: a
+        connection only runs SQL, a trial's own helper (a clock, a mailer) shows its methods."""
         name = args[0] if what in ("getattr", "method") else None
         if what == "setattr":
             raise PermissionError("the judge's objects can be used, not changed")
@@ -116,8 +114,8 @@ class Sandbox(wire.Peer):
                 raise PermissionError(f"a trial's helper shows its methods only, not {name!r}")
 
     def serve(self, message: dict) -> None:
-        """Record one request in :attr:`served`, and serve it with ATTACH switched off on every
-        connection lent: the answer's SQL runs in the judge, and must reach no other file."""
+        """Record a request in :attr:`served`; serve it with ATTACH off on every connection lent
+        (the answer's SQL runs in the judge, and must reach no other file)."""
         target, what = self.mine.get(message.get("id")), message.get("what")
         self.served.append((type(target).__name__, what, wire.decode(message.get("args"), repr)))
         limits = []

@@ -64,9 +64,8 @@ class NotCrossable(TypeError):
 
 
 def _allowed(module: str) -> bool:
-    return module in ("builtins", "sqlite3") or (
-        module.startswith("labkit.") and not module.startswith("labkit.grading")
-    )
+    labkit = module.startswith("labkit.") and not module.startswith("labkit.grading")
+    return module in ("builtins", "sqlite3") or labkit
 
 
 def encode(value, handle):
@@ -199,8 +198,8 @@ class Peer:
         return decode(data, self.resolve)
 
     def request(self, ident, what: str, *args, raw: bool = False):
-        """Ask the other side to do ``what`` to its object ``ident``; serve it meanwhile.
-        ``raw``: return the reply's value undecoded."""
+        """Ask the other side to do ``what`` to its object ``ident``, serving it meanwhile
+        (``raw``: return the reply's value undecoded)."""
         self.channel.send({"op": "req", "id": ident, "what": what, "args": self.out(list(args))})
         while True:
             message = self.wait()
