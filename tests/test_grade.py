@@ -60,6 +60,11 @@ def graded(tmp_path_factory):
         (root / "subs" / student / "05-late-renewal.ipynb").write_text(json.dumps(nb))
     (root / "subs" / "broken").mkdir()
     (root / "subs" / "broken" / "05-late-renewal.ipynb").write_text("{not json")
+    (root / "subs" / "nested").mkdir()  # JSON nested past Python's recursion limit
+    (root / "subs" / "nested" / "05-late-renewal.ipynb").write_text("[" * 100_000)
+    (root / "subs" / "linked").mkdir()  # a link to the solution itself
+    (root / "subs" / "linked" / "05-late-renewal.ipynb").symlink_to(
+        notebooks.ROOT / "solutions" / "05-late-renewal.ipynb")
     results = grader.grade([str(root / "subs")], cell_timeout=4, jobs=2)
     return root, {s.student: s for s in results}
 
@@ -114,9 +119,10 @@ def test_unsolved_exercise_fails_its_checks(graded):
 
 
 @pytest.mark.parametrize("student,why", [("broken", "not a readable notebook"),
-                                         ("huge", "over 5 MB"), ("untagged", "no task cells")])
+                                         ("huge", "over 5 MB"), ("untagged", "no task cells"),
+                                         ("nested", "recursion"), ("linked", "not a regular file")])
 def test_bad_notebooks_are_reported_for_that_student(graded, student, why):
-    """Not JSON, over 5 MB, or no task cells: recorded as failed with the reason."""
+    """Not JSON, over 5 MB, no task cells, nested too deep, or a link: failed with the reason."""
     sub = graded[1][student]
     assert set(sub.results.values()) == {"fail"} and why in sub.problem, sub
 

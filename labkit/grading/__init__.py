@@ -221,7 +221,11 @@ def check(task_id: str, answer: Any) -> None:
         except BadArgument:
             judge.kill()
             raise
-        out, err = judge.communicate(json.dumps(sources))
+        try:  # a judge bounds every task; this bounds the judge, whatever happens to it
+            out, err = judge.communicate(json.dumps(sources), timeout=600)
+        except subprocess.TimeoutExpired:
+            judge.kill()
+            out, err = "", "labkit.grading: the judge did not finish within 600 s\n"
     sys.__stderr__.write(err)  # never into the check cell's compared output
     lines = out.strip().splitlines()
     passed, text = json.loads(lines[-1]) if lines else (False, f"task {task_id}: the judge failed")

@@ -98,13 +98,15 @@ def _prepare(sub: Submission, solutions: dict[str, dict]) -> dict | None:
     """The submission with its canonical check cells, or None (``problem`` says why)."""
     nb, tags = None, set()
     try:
+        if sub.path.is_symlink() or not sub.path.is_file():  # a link to a solution, a FIFO
+            raise ValueError("it is not a regular file")
         if sub.path.stat().st_size > MAX_BYTES:
             raise ValueError(f"it is over {MAX_BYTES >> 20} MB")
         nb = json.loads(sub.path.read_text())
         tags = set(_tasks(nb))
         if not isinstance(nb["cells"], list):
             raise ValueError("its cells are not a list")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         sub.problem, nb = f"not a readable notebook: {exc}", None
     match = next((n for n, s in solutions.items() if tags and tags & set(_tasks(s))), None)
     match = match or next((n for n in solutions if sub.path.name.endswith(n)), None)
@@ -120,7 +122,7 @@ def _prepare(sub: Submission, solutions: dict[str, dict]) -> dict | None:
         return None
     try:
         return restore_checks(nb, solutions[match])
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         sub.problem = f"not a readable notebook: {type(exc).__name__}: {exc}"
         return None
 

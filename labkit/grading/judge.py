@@ -19,6 +19,7 @@ import sqlite_utils
 
 from labkit.clock import RealClock
 from labkit.grading import wire
+from labkit.grading.policy import SQL, allow, guard, lendable
 from labkit.grading.sandbox import Jail, sandboxed
 
 __all__ = ["Sandbox", "RemoteAnswer", "Refused", "judge", "attempt", "sandboxed"]
@@ -26,9 +27,6 @@ __all__ = ["Sandbox", "RemoteAnswer", "Refused", "judge", "attempt", "sandboxed"
 
 #: a whole task may take this many times the per-message timeout (real time: a grader must end)
 TASK_LIMIT, CLOCK = 3, RealClock()
-#: what an answer may do with a connection the judge lends it
-CONN_USES = "execute executemany executescript commit rollback close enter exit".split()
-CONN_READS = ("in_transaction", "total_changes", "isolation_level")
 
 
 class Refused(BaseException):
@@ -94,40 +92,30 @@ class Sandbox(wire.Peer):
         return self._ask({"op": "cell", "source": source, "number": number}).get("error")
 
     def allow(self, target, what: str, args: list) -> None:
-        """An answer may use what the judge lends it, never change it or read its insides: a
-        connection only runs SQL, a trial's own helper (a clock, a mailer) shows its methods."""
-        name = args[0] if what in ("getattr", "method") else None
-        if what == "setattr":
-            raise PermissionError("the judge's objects can be used, not changed")
-        if isinstance(target, sqlite3.Connection):
-            if what in CONN_USES or name in CONN_READS and what == "getattr":
-                return
-            raise PermissionError(
-                f"a connection lent to an answer runs SQL only, not {name or what}"
-            )
-        if isinstance(target, sqlite_utils.Database) and (what, name) != ("getattr", "conn"):
-            raise PermissionError("a database lent to an answer is reached through its connection")
-        if type(target).__module__.startswith("labkit.grading"):
-            if what in ("list", "len", "getitem", "repr", "bool"):
-                raise PermissionError(f"a trial's helper does not answer {what}")
-            if what == "getattr" and not callable(getattr(target, str(name), None)):
-                raise PermissionError(f"a trial's helper shows its methods only, not {name!r}")
+        allow(target, what, args)
+
+    def handle(self, value):
+        """Lend ``value`` (see :func:`~labkit.grading.policy.lendable`), or refuse: a frame, a path, a module stays here."""
+        if id(value) not in self.ids and not lendable(value):
+            raise PermissionError(f"a {type(value).__name__} of the judge's cannot be lent")
+        return super().handle(value)
 
     def serve(self, message: dict) -> None:
-        """Record a request in :attr:`served`; serve it with ATTACH off on every connection lent
-        (the answer's SQL runs in the judge, and must reach no other file)."""
+        """Record a request in :attr:`served`, then serve it."""
         target, what = self.mine.get(message.get("id")), message.get("what")
         self.served.append((type(target).__name__, what, wire.decode(message.get("args"), repr)))
-        limits = []
-        for conn in self.lent:
-            with contextlib.suppress(sqlite3.Error):
-                limits.append((conn, conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)))
+        super().serve(message)
+
+    def perform(self, target, what: str, args: list):
+        """Run the answer's SQL under :func:`~labkit.grading.policy.guard` (it runs in the judge: it must reach no
+        other file and none of the judge's own tables, and may not shadow one)."""
+        if not isinstance(target, sqlite3.Connection) or what not in SQL:
+            return wire.perform(target, what, args)
+        target.set_authorizer(guard)
         try:
-            super().serve(message)
+            return wire.perform(target, what, args)
         finally:
-            for conn, old in limits:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, old)
+            target.set_authorizer(None)
 
     def kind(self, value) -> list:
         if isinstance(value, sqlite3.Connection):

@@ -14,11 +14,11 @@ import sqlite3
 import sys
 
 if __package__:
-    from labkit.grading.wire import Channel, Peer, Remote, find_class
+    from labkit.grading.wire import Channel, Peer, Remote, describe, find_class
 else:  # run as a script in the sandbox, beside wire.py
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import wire
-    from wire import Channel, Peer, Remote, find_class
+    from wire import Channel, Peer, Remote, describe, find_class
 
 
 class _Worker(Peer):
