@@ -4,7 +4,8 @@ A second reader found these routes in the judge's first policy, and each passed 
 then: a lent context manager's generator frame led to the judge's builtins; a lent file store
 handed out a path on the judge's disk; a statement that starts with a comment was skipped by the
 trial's race tracer; the crash plan was readable in the trial's file; a TEMP table could shadow
-what the trial reads back; a dropped trigger would disarm the crash. Each tamper falls back to
+what the trial reads back; a dropped trigger would disarm the crash; an endless recursive query would hang the judge.
+Each tamper falls back to
 a wrong answer when its route is closed, so it can pass only if the route is open.
 """
 
@@ -34,6 +35,10 @@ CASES = {
     "02.1": ("fenced_insert", {
         "statements that start with a comment, to blind the race tracer": 'PREFIX = "--\\n"\n' + RACY,
         "statements that start with a block comment": 'PREFIX = "/* x */ "\n' + RACY,
+        "an endless recursive query (it would hang the judge, where the SQL runs)":
+            'PREFIX = ""\n' + RACY.replace('    (fence,) = conn.execute(', '    conn.execute("WITH '
+            'RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT max(x) FROM c")\n'
+            '    (fence,) = conn.execute('),
         "drops the trial's triggers first": 'PREFIX = ""\n' + RACY.replace(
             '    (fence,) = conn.execute(', '    for (name,) in conn.execute("SELECT name FROM sqlite_master '
             'WHERE type = \'trigger\'").fetchall():\n        conn.execute(f"DROP TRIGGER {name}")\n'

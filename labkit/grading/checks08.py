@@ -41,6 +41,7 @@ class _FlakyMail:
     """
 
     kind = "email"
+    public = ("kind",)  # what an answer may read (labkit's Outbox.relay reads it)
 
     def __init__(self, provider, fail: dict, fate: dict) -> None:
         self.provider, self.fail, self.fate, self.calls = provider, fail, fate, 0
