@@ -92,6 +92,9 @@ class Sandbox(wire.Peer):
         return self._ask({"op": "cell", "source": source, "number": number}).get("error")
 
     def allow(self, target, what: str, args: list) -> None:
+        """Record the request in :attr:`served` (its arguments decoded once, by the caller), then
+        apply the lending policy."""
+        self.served.append((type(target).__name__, what, list(args)))
         allow(target, what, args)
 
     def handle(self, value):
@@ -99,12 +102,6 @@ class Sandbox(wire.Peer):
         if id(value) not in self.ids and not lendable(value):
             raise PermissionError(f"a {type(value).__name__} of the judge's cannot be lent")
         return super().handle(value)
-
-    def serve(self, message: dict) -> None:
-        """Record a request in :attr:`served`, then serve it."""
-        target, what = self.mine.get(message.get("id")), message.get("what")
-        self.served.append((type(target).__name__, what, wire.decode(message.get("args"), repr)))
-        super().serve(message)
 
     def perform(self, target, what: str, args: list):
         """Run the answer's SQL under :func:`~labkit.grading.policy.guard` (it runs in the judge: it must reach no
