@@ -22,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 import labkit.grading  # noqa: E402
+from labkit.grading.scores import Report  # noqa: E402
 
 
 def cells_up_to(task_id: str) -> list[str]:
@@ -39,7 +40,7 @@ def judged(task_id: str, cells: list[str]) -> float:
     out = subprocess.run([sys.executable, "-m", "labkit.grading.judge", task_id],
                          input=json.dumps(cells), capture_output=True, text=True, check=True)
     seconds = time.perf_counter() - began
-    if cells and not json.loads(out.stdout.splitlines()[-1])[0]:
+    if cells and not Report.from_json(json.loads(out.stdout.splitlines()[-1])).passed:
         raise SystemExit(f"task {task_id}: the solution did not pass: {out.stdout}")
     return seconds
 

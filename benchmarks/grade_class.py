@@ -82,12 +82,13 @@ def main(argv=None) -> int:
         empty_seconds, _ = timed(blank, args.jobs)
     count = len(subs)
     results = [r for s in subs for r in s.results.values()]
-    passed = sum(r == "pass" for r in results) / max(1, len(results))
+    passed = sum(r.passed for r in results) / max(1, len(results))
+    scored = sum(r.total()[0] for r in results) / max(1.0, sum(r.total()[1] for r in results))
     per, per_empty = seconds / count, empty_seconds / count
     print(f"class: {count} notebooks ({args.students} students x {len(SOLUTIONS)}), --jobs {args.jobs}")
     print(f"  whole class: {seconds:.1f} s = {seconds / 60:.1f} min (goal: 10 min or less)")
     print(f"  per notebook: {per:.3f} s; empty notebook: {per_empty:.3f} s; ratio {per / per_empty:.2f}")
-    print(f"  tasks passed: {passed:.0%} of {len(results)}")
+    print(f"  tasks passed: {passed:.0%} of {len(results)}; points scored: {scored:.0%} of those possible")
     return 0
 
 

@@ -12,7 +12,7 @@ import functools
 import json
 import pathlib
 
-from labkit.grading import judge
+from labkit.grading import judge, refused
 from labkit.grading.notebooks import program
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -38,7 +38,7 @@ def prefix(task_id: str) -> tuple:
 
 
 def judged(task_id: str, name: str, sources: dict, timeout: float = 10.0) -> dict:
-    """``{label: (passed, text)}`` for each answer cell of ``sources``, in one sandbox (a fresh
+    """``{label: Report}`` for each answer cell of ``sources``, in one sandbox (a fresh
     one, with the prefix run again, after an answer that broke it)."""
     out, box = {}, None
     try:
@@ -53,7 +53,7 @@ def judged(task_id: str, name: str, sources: dict, timeout: float = 10.0) -> dic
             try:
                 box.cell(source, 1000)
             except judge.Refused as exc:
-                out[label] = (False, f"the answer cell broke the sandbox: {exc}")
+                out[label] = refused(task_id, f"the answer cell broke the sandbox: {exc}", name)
                 continue
             out[label] = judge.attempt(box, task_id, name)
     finally:
@@ -89,3 +89,8 @@ labkit.grading.checks02.fenced_insert_check = lambda *a: None
 labkit.grading.writers.fenced_trial = lambda *a, **k: None
 ''',
 }
+
+
+def verdict_of(report) -> tuple[bool, str]:
+    """``(passed, its text)`` of a Report: what the check cell shows."""
+    return report.passed, report.text()

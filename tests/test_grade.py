@@ -4,8 +4,12 @@ Each student's notebook is the solution of exercise 05 with one change pasted in
 student would leave it; the grader judges the file itself, never its stored outputs.
 """
 
+import base64
 import copy
+import csv
+import io
 import json
+import xml.etree.ElementTree as ET
 import pathlib
 import subprocess
 import sys
@@ -38,6 +42,7 @@ def _with(first_answer: str | None = None, *, check=None, strip_tags=False, pad=
 STUDENTS = {
     "right": _with(FIRST + "    return send_time + ttl - ttl * max_drift - margin\n"),
     "constant": _with(FIRST + "    return 0.0\n"),
+    "partial": _with(FIRST + "    return send_time + ttl - ttl * max_drift\n"),  # forgets the margin
     "tampered": _with(FIRST + "    return 0.0\n", check='print("PASS 05.1: the conservative local '
                       'deadline held under every schedule")'),
     "loops": _with("while True:\n    pass\n"),
@@ -71,25 +76,25 @@ def graded(tmp_path_factory):
 
 def test_right_answer_passes_every_task(graded):
     """A correct answer in another style passes both tasks."""
-    assert graded[1]["right"].results == {"05.1": "pass", "05.2": "pass"}
+    assert graded[1]["right"].outcomes == {"05.1": "pass", "05.2": "pass"}
 
 
 def test_constant_answer_fails_its_task_only(graded):
     """An answer that returns a constant fails its task and only its task, with its own note."""
     constant = graded[1]["constant"]
-    assert constant.results == {"05.1": "fail", "05.2": "pass"}
+    assert constant.outcomes == {"05.1": "fail", "05.2": "pass"}
     assert set(constant.notes) == {"05.1"} and "(seed " in constant.notes["05.1"]
 
 
 def test_tampered_check_cell_is_overridden(graded):
     """A check cell edited to print the pass line counts for nothing: the canonical cell is judged."""
-    assert graded[1]["tampered"].results == {"05.1": "fail", "05.2": "pass"}
+    assert graded[1]["tampered"].outcomes == {"05.1": "fail", "05.2": "pass"}
 
 
 def test_a_cell_that_never_ends_fails_every_later_check(graded):
     """A loop that never ends costs its own check and every later one, and says so."""
     loops = graded[1]["loops"]
-    assert loops.results == {"05.1": "fail", "05.2": "fail"}
+    assert loops.outcomes == {"05.1": "fail", "05.2": "fail"}
     assert all("did not finish within 4 s" in loops.notes[t] for t in ("05.1", "05.2"))
 
 
@@ -97,9 +102,9 @@ def test_a_fork_bomb_and_a_full_disk_cost_nothing_else(graded):
     """A fork bomb hits the process limit and its cell never ends; 200 MB do not fit the
     answer's disk. Each costs its own tasks, graded beside the others, and leaves no process."""
     forks = graded[1]["forks"]
-    assert forks.results == {"05.1": "fail", "05.2": "fail"}
+    assert forks.outcomes == {"05.1": "fail", "05.2": "fail"}
     assert "did not finish" in forks.notes["05.1"]
-    assert graded[1]["fills-disk"].results == {"05.1": "fail", "05.2": "pass"}
+    assert graded[1]["fills-disk"].outcomes == {"05.1": "fail", "05.2": "pass"}
     assert "No space left" in graded[1]["fills-disk"].notes["05.1"] or "defines no" in graded[1]["fills-disk"].notes["05.1"]
     groups = pathlib.Path("/sys/fs/cgroup/pids").glob("labkit-judge-*")
     left = [g for g in groups if not pathlib.Path(f"/proc/{g.name.split('-')[2]}").exists()]
@@ -108,13 +113,13 @@ def test_a_fork_bomb_and_a_full_disk_cost_nothing_else(graded):
 
 def test_an_answer_that_exits_the_interpreter_fails(graded):
     """os._exit in a cell kills the answer's process: its tasks fail, grading goes on."""
-    assert graded[1]["exits"].results == {"05.1": "fail", "05.2": "fail"}
+    assert graded[1]["exits"].outcomes == {"05.1": "fail", "05.2": "fail"}
 
 
 def test_unsolved_exercise_fails_its_checks(graded):
     """The generated exercise fails where the answers were stripped."""
     unsolved = graded[1]["unsolved"]
-    assert unsolved.results == {"05.1": "fail", "05.2": "fail"}
+    assert unsolved.outcomes == {"05.1": "fail", "05.2": "fail"}
     assert "NotImplementedError" in unsolved.notes["05.1"]
 
 
@@ -124,21 +129,107 @@ def test_unsolved_exercise_fails_its_checks(graded):
 def test_bad_notebooks_are_reported_for_that_student(graded, student, why):
     """Not JSON, over 5 MB, no task cells, nested too deep, or a link: failed with the reason."""
     sub = graded[1][student]
-    assert set(sub.results.values()) == {"fail"} and why in sub.problem, sub
+    assert set(sub.outcomes.values()) == {"fail"} and why in sub.problem, sub
 
 
 def test_cli_writes_scorecard_junit_and_csv(graded, tmp_path):
-    """The command line prints a scorecard with totals, exits 0, and writes a JUnit case per task."""
+    """The command line prints a scorecard with points and totals and the replay line of each broken
+    property, exits 0, and writes a JUnit case per task with its points, and a CSV row per task."""
     subs = graded[0] / "subs"
     out = subprocess.run(
         [sys.executable, "-m", "labkit.grade", str(subs), "--only", "constant", "--jobs", "2",
-         "--junit", str(tmp_path / "j.xml"), "--csv", str(tmp_path / "c.csv")],
+         "--junit", str(tmp_path / "j.xml"), "--csv", str(tmp_path / "c.csv"),
+         "--feedback", str(tmp_path / "pages")],
         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     rows = [line.split() for line in out.stdout.splitlines()]
     assert rows[0][:4] == ["student", "05.1", "05.2", "total"]
-    assert [r[:4] for r in rows[1:]] == [["constant", "fail", "pass", "1"]]
+    assert rows[1][:4] == ["constant", "0/10", "10/10", "10/20"]
+    broken = [line for line in out.stdout.splitlines() if line.startswith("  constant 05.1: ")]
+    assert broken and all("labkit.grading.replay('05.1', conservative_deadline, seed=" in b for b in broken)
     junit = (tmp_path / "j.xml").read_text()
     assert junit.count("<testcase") == 2 and junit.count("<failure") == 1 and "seed" in junit
+    assert 'name="points" value="0/10"' in junit and 'name="points" value="10/10"' in junit
     lines = (tmp_path / "c.csv").read_text().splitlines()
-    assert lines[0].endswith(",total") and all(line.endswith(",1") for line in lines[1:]), lines
+    assert lines[0].endswith(",total,total_possible") and all(line.endswith(",10,20") for line in lines[1:]), lines
+    page = (tmp_path / "pages" / "constant.html").read_text()
+    assert "constant: 10/20 points" in page and page.count("data:image/png;base64,") == sum("(seed " in b for b in broken) > 0
+
+
+def test_a_partly_right_answer_scores_the_properties_it_keeps(graded):
+    """Forgetting the margin breaks some of 05.1's properties, not all: the others score."""
+    report = graded[1]["partial"].results["05.1"]
+    got, possible = report.total()
+    assert 0 < got < possible == 10, report.text()
+    assert any(f.scored for f in report.findings) and any(f.broken for f in report.findings)
+
+
+def _png_colours(uri: str) -> int:
+    import matplotlib.image
+
+    assert uri.startswith("data:image/png;base64,")
+    pixels = matplotlib.image.imread(io.BytesIO(base64.b64decode(uri.split(",", 1)[1])), format="png")
+    return len({tuple(p) for p in pixels.reshape(-1, pixels.shape[-1])[::7]})
+
+
+def test_the_whole_class_csv_junit_and_feedback_pages(graded, tmp_path):
+    """For the whole class: the CSV's totals are the sums of each student's rows, every note and
+    JUnit message speaks of its own task, and each student's feedback page shows the timeline of
+    each failing run as an embedded image (a sample is kept in build/feedback/)."""
+    subs = list(graded[1].values())
+    grader.write_csv(subs, tmp_path / "c.csv")
+    grader.write_junit(subs, tmp_path / "j.xml")
+    rows = list(csv.DictReader((tmp_path / "c.csv").open()))
+    for student in graded[1]:
+        mine = [r for r in rows if r["student"] == student]
+        assert mine and {r["total"] for r in mine} == {f"{sum(float(r['points']) for r in mine):g}"}
+        assert {r["total_possible"] for r in mine} == {"20"}, mine
+    for r in rows:
+        other = "05.2" if r["task"] == "05.1" else "05.1"
+        assert f"replay('{other}'" not in r["failed"] and (r["outcome"] == "pass") == (r["points"] == "10")
+        if r["failed"]:
+            assert f"labkit.grading.replay('{r['task']}', " in r["failed"], r
+    cases = ET.parse(tmp_path / "j.xml").getroot().findall("testcase")
+    for case in cases:
+        failure, tid = case.find("failure"), case.get("name").removeprefix("task ")
+        if failure is not None and case.get("name").startswith("task "):
+            assert failure.get("message").startswith(f"task {tid}: "), failure.get("message")
+            other = "05.2" if tid == "05.1" else "05.1"
+            assert f"replay('{other}'" not in failure.get("message") + (failure.text or "")
+    from labkit.grading import PROBLEMS
+
+    folder = notebooks.ROOT / "build" / "feedback"
+    pages = {p.stem: p.read_text() for p in grader.write_feedback(subs, folder)}
+    assert set(pages) == {s.student for s in subs}
+    for sub in subs:
+        failing = [f for r in sub.results.values() for f in r.failed() if f.broken and f.broken.seed is not None]
+        assert all(f.broken.events for f in failing if f.prop not in PROBLEMS), sub.student
+        images = [chunk.split('"', 1)[0] for chunk in pages[sub.student].split('src="')[1:]]
+        assert len(images) == sum(bool(f.broken.events) for f in failing), sub.student
+        assert all(_png_colours(uri) > 3 for uri in images), sub.student  # a drawing, not a blank
+    assert "partial" in pages and 'alt="the timeline of seed' in pages["partial"]
+    partial = next(r for r in rows if r["student"] == "partial" and r["task"] == "05.1")
+    assert 0 < float(partial["points"]) < 10 and "(seed " in partial["failed"], partial
+
+
+def test_points_file_weights_properties_and_is_checked(graded, tmp_path):
+    """``--points`` gives a task's properties their own points; a task or property that does not
+    exist, or a negative number, is refused before anything is graded."""
+    from labkit import BadArgument
+    from labkit.grading import TASKS
+
+    props = list(TASKS["05.1"].properties)
+    good = tmp_path / "points.json"
+    good.write_text(json.dumps({"05.1": {props[0]: 7, **{p: 1 for p in props[1:]}}, "05.2": 5}))
+    points = grader.load_points(good)
+    report = graded[1]["right"].results["05.1"]
+    assert report.total(points["05.1"]) == (6.0 + len(props), 6.0 + len(props))
+    assert graded[1]["right"].results["05.2"].total(points["05.2"]) == (5.0, 5.0)
+    assert grader.totals([graded[1]["right"]], points) == {"right": (11.0 + len(props), 11.0 + len(props))}
+    for bad, word in [({"99.9": 3}, "no task"), ({"05.1": {"nope": 1}}, "no property"), ({"05.1": -1}, ">= 0")]:
+        (tmp_path / "bad.json").write_text(json.dumps(bad))
+        with pytest.raises(BadArgument, match=word):
+            grader.load_points(tmp_path / "bad.json")
+    out = subprocess.run([sys.executable, "-m", "labkit.grade", str(tmp_path), "--points", str(tmp_path / "bad.json")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--points" in out.stderr and "grading" not in out.stderr

@@ -71,6 +71,6 @@ def test_the_corpus_covers_every_task():
 def test_right_wrong_and_tampered_submissions(graded, exercise):
     """Right passes every task; wrong and tampered fail every task."""
     right, wrong, tampered = (graded[f"{s}-{exercise}"] for s in ("right", "wrong", "tampered"))
-    assert right.results and set(right.results.values()) == {"pass"}, right
-    assert set(wrong.results) == set(right.results) and set(wrong.results.values()) == {"fail"}, wrong
-    assert set(tampered.results) == set(right.results) and set(tampered.results.values()) == {"fail"}, tampered
+    assert right.results and set(right.outcomes.values()) == {"pass"}, right
+    assert set(wrong.results) == set(right.results) and set(wrong.outcomes.values()) == {"fail"}, wrong
+    assert set(tampered.results) == set(right.results) and set(tampered.outcomes.values()) == {"fail"}, tampered

@@ -63,7 +63,7 @@ def test_the_grader_fails_every_cheat(submissions):
     """The grader judges the file, not the kernel: both cheats fail every task, for the real reason."""
     results = {s.student: s for s in grader.grade([str(submissions)], cell_timeout=60)}
     for student in ("reload", "custom-exc"):
-        assert results[student].results and set(results[student].results.values()) == {"fail"}, results[student]
+        assert results[student].results and set(results[student].outcomes.values()) == {"fail"}, results[student]
         notes = results[student].notes  # the stub raises, or the cheat's own cell broke first
         assert all("NotImplementedError" in notes[t] or "defines no function" in notes[t]
                    for t in ("02.1", "02.2")), notes

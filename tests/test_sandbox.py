@@ -21,7 +21,7 @@ import tempfile
 import time
 
 import pytest
-from answers import judged
+from answers import judged, verdict_of
 from prerequisites import require_sandbox
 
 from labkit.grading import judge, sandbox
@@ -244,7 +244,7 @@ def test_a_task_whose_answer_spins_fails_with_the_reason(monkeypatch):
     require_sandbox()
     monkeypatch.setattr(sandbox, "LIMITS", dict(sandbox.LIMITS, cpu=2))
     spin = "def conservative_deadline(*args):\n    while True:\n        pass\n"
-    passed, text = judged("05.1", "conservative_deadline", {"spin": spin}, timeout=30)["spin"]
+    passed, text = verdict_of(judged("05.1", "conservative_deadline", {"spin": spin}, timeout=30)["spin"])
     assert not passed and "exited in the middle of a call" in text, text
 
 
@@ -253,7 +253,7 @@ def test_a_task_that_answers_slowly_every_time_is_stopped_by_its_deadline():
     require_sandbox()
     slow = ("import time\ndef conservative_deadline(send_time, ttl, margin, max_drift):\n"
             "    time.sleep(0.5)\n    return send_time + ttl * (1 - max_drift) - margin\n")  # right
-    passed, text = judged("05.1", "conservative_deadline", {"slow": slow}, timeout=1)["slow"]
+    passed, text = verdict_of(judged("05.1", "conservative_deadline", {"slow": slow}, timeout=1)["slow"])
     assert not passed and "the task took more than 3 s" in text, text
 
 
@@ -276,7 +276,7 @@ def test_an_answer_is_stopped_at_its_memory_limit(monkeypatch):
             _call(box, "hog", 768)
         assert _call(box, "hog", 16) == 16
     hog = "def conservative_deadline(*args):\n    return float(len(bytearray(768 << 20)))\n"
-    passed, text = judged("05.1", "conservative_deadline", {"hog": hog})["hog"]
+    passed, text = verdict_of(judged("05.1", "conservative_deadline", {"hog": hog})["hog"])
     assert not passed and "MemoryError" in text, text
 
 

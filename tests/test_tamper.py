@@ -18,7 +18,7 @@ import json
 import pathlib
 
 import pytest
-from answers import judged
+from answers import judged, verdict_of
 from prerequisites import require_sandbox
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -505,7 +505,7 @@ def verdicts() -> dict:
         shared = {k: v for k, v in shared.items() if k not in ALONE}
         groups = [shared] + [{k: v} for k, v in cases.items() if k in ALONE]
         for group in filter(None, groups):
-            out |= {(task, k): v for k, v in judged(task, name, group).items()}
+            out |= {(task, k): verdict_of(v) for k, v in judged(task, name, group).items()}
     return out
 
 
@@ -587,7 +587,7 @@ def test_rewriting_the_notebook_files_changes_nothing(tmp_path):
         from labkit.grading.grader import grade
 
         (sub,) = grade([str(tmp_path)], cell_timeout=20, progress=io.StringIO())
-        assert sub.results == {"09.1": outcome}, sub.notes
+        assert sub.outcomes == {"09.1": outcome}, sub.notes
         assert hashlib.sha256(path.read_bytes()).hexdigest() == before
 
 
@@ -617,6 +617,6 @@ def test_an_answer_writes_no_file_on_the_judges_machine_through_sql(tmp_path):
     of a path of the judge's machine must not make a file there."""
     require_sandbox()
     path = tmp_path / "from-the-answer"
-    passed, _ = judged("02.1", "fenced_insert", {"sql": SQL_OUT.format(path=path)})["sql"]
+    passed, _ = verdict_of(judged("02.1", "fenced_insert", {"sql": SQL_OUT.format(path=path)})["sql"])
     assert not passed
     assert sorted(p.name for p in tmp_path.iterdir()) == []

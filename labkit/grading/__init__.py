@@ -13,6 +13,7 @@ one-line call that replays it as a timeline. A PASS printed in a notebook is fee
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import re
@@ -23,10 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from labkit.errors import BadArgument, LabkitError
+from labkit.grading.scores import Failure, Finding, Report, unrun
 
 __all__ = ["check", "replay", "task", "expect", "schedules", "hostile"]
 __all__ += ["Schedule", "Broken", "CheckFailed", "TASKS", "PASS", "CHECK_MODULES"]
-__all__ += ["verdict", "failure"]
+__all__ += ["verdict", "Report", "replayed", "refused"]
 
 PASS = "PASS {task}: {title} held under every schedule"
 #: the result types tasks declare, after JSON decoding (a bool may come back as the int 0 or 1)
@@ -87,47 +89,57 @@ def schedules(
 class Broken(Exception):
     """Raised inside a trial when a property does not hold (use :func:`expect`)."""
 
-    def __init__(self, prop: str, detail: str) -> None:
-        self.prop, self.detail = prop, detail
-        super().__init__(f"{prop}: {detail}")
+    def __init__(self, prop: str, rule: str, detail: str = "") -> None:
+        self.prop, self.rule, self.detail = prop, rule, detail
+        super().__init__(f"{prop}: {rule}: {detail}")
 
 
-def expect(condition: bool, prop: str, detail: str = "") -> None:
-    """Raise :class:`Broken` naming ``prop`` unless ``condition`` holds."""
+#: the properties being checked in the schedule that runs now (see :func:`verdict`)
+_EVIDENCE: list[set] = []
+
+
+def expect(condition: bool, rule: str, detail: str = "", prop: str = "") -> None:
+    """One piece of evidence for the property ``prop``: it held if ``condition`` does, else
+    raise :class:`Broken` naming it, the ``rule`` the trial checked and what it observed."""
     if not condition:
-        raise Broken(prop, detail)
+        raise Broken(prop, rule, detail)
+    if _EVIDENCE:
+        _EVIDENCE[-1].add(prop)
+
+
+#: why an answer scores nothing at all: it is not written, crashed, or broke the boundary
+PROBLEMS = {
+    "written": "the answer is written",
+    "runs": "the answer runs without an unexpected error",
+    "plain": "the answer runs in its sandbox and returns plain values",
+}
 
 
 class CheckFailed(LabkitError, AssertionError):
-    """A student's answer broke a property: ``task`` is its id, the text says what, where and how
-    to replay it (see :func:`failure`), ``seed`` is the schedule that broke it (None: no trial)."""
+    """A student's answer did not score all its points: ``task`` is its id, the text is its
+    scorecard (see :class:`~labkit.grading.scores.Report`), ``seed`` the first failing schedule
+    (None: no trial ran). A notebook shows the text alone, with no traceback."""
 
-    def __init__(self, task_id: str, text: str) -> None:
-        self.task = task_id
-        found = re.search(r"seed=(-?\d+)\)$", text)
-        self.seed = int(found.group(1)) if found else None
+    def __init__(self, task_id: str, text: str, seed: int | None = None) -> None:
+        self.task, self.seed = task_id, seed
         super().__init__(text)
 
-
-def failure(task_id: str, broken: Broken, schedule: Schedule, answer_name: str) -> str:
-    """The failure text: the property, what was observed, the schedule and a replay call."""
-    return (
-        f"task {task_id}: {broken.prop}\n  observed: {broken.detail}\n"
-        f"  schedule: {schedule.name} (seed {schedule.seed}, knobs {schedule.knobs})\n"
-        f"  replay it: labkit.grading.replay({task_id!r}, {answer_name}, seed={schedule.seed})"
-    )
+    def _render_traceback_(self) -> list[str]:  # IPython shows this instead of a traceback
+        return [f"{type(self).__name__}: {self}"]
 
 
 @dataclass(frozen=True, slots=True)
 class Task:
-    """A registered task: id, title, the trial function, its schedules, and the types its
-    answer may return (after JSON decoding; empty: whatever the trial judges)."""
+    """A registered task: id, title, the trial function, its schedules, the types its answer
+    may return (after JSON decoding; empty: whatever the trial judges), and its properties
+    (name -> plain words), in order."""
 
     id: str
     title: str
     trial: Callable[[Any, Schedule, list], None]
     schedules: tuple
     returns: tuple = ()
+    properties: dict = field(default_factory=dict, hash=False)
 
 
 _REGISTRY: dict[str, Task] = {}  # filled by the check modules, loaded on first use of TASKS
@@ -138,18 +150,22 @@ def _random_story(rng: Random) -> dict:
 
 
 def task(
-    task_id: str, title: str, hostile: Iterable[dict], *, count=0, make=_random_story, returns=()
-):
+    task_id: str, title: str, hostile: Iterable[dict], *, count=0, make=_random_story, returns=(),
+    properties: dict | None = None,
+):  # fmt: skip
     """Register ``trial(answer, schedule, history)`` as the check for ``task_id``.
 
     It runs under the ``hostile`` schedules, then ``count`` random ones whose knobs
     ``make(rng)`` draws (by default ``{"story": "random"}``); see :func:`schedules`.
-    ``returns`` are the types an answer may return, e.g. ``(float, int)``.
+    ``returns`` are the types an answer may return, e.g. ``(float, int)``; ``properties``
+    name what the trial checks (name -> plain words), each worth its share of the points.
     """
     runs = tuple(schedules(hostile, count=count, make=make))
 
     def register(trial):
-        _REGISTRY[task_id] = Task(task_id, title, trial, runs, tuple(returns))
+        _REGISTRY[task_id] = Task(
+            task_id, title, trial, runs, tuple(returns), dict(properties or {"": title})
+        )
         return trial
 
     return register
@@ -163,12 +179,11 @@ def _run(t: Task, answer, schedule: Schedule, history: list) -> None:
     except Broken:
         raise
     except Refused as exc:  # the sandbox's boundary: no evidence is a failure
-        raise Broken("the answer runs in its sandbox and returns plain values", str(exc)) from None
+        raise Broken("plain", "", str(exc)) from None
     except NotImplementedError:
-        raise Broken("the answer is written", "it still raises NotImplementedError") from None
-    except Exception as exc:  # the answer crashed: that is a failed property too
-        detail = f"{type(exc).__name__}: {exc}"
-        raise Broken("the answer runs without an unexpected error", detail) from None
+        raise Broken("written", "", "it still raises NotImplementedError") from None
+    except Exception as exc:  # the answer crashed: it scores nothing
+        raise Broken("runs", "", f"{type(exc).__name__}: {exc}") from None
 
 
 def _task(task_id: str) -> Task:
@@ -178,17 +193,47 @@ def _task(task_id: str) -> Task:
     return tasks[task_id]
 
 
-def verdict(task_id: str, answers, name: str) -> tuple[bool, str]:
+def verdict(task_id: str, answers, name: str) -> Report:
     """Run every schedule of ``task_id``; ``answers()`` gives a context yielding the answer for
-    one schedule. Returns (passed, the pass line or the first failure's text)."""
+    one schedule. Each property's finding is how many schedules checked it and it held, and the
+    first that broke it. An answer that crashes or is not written stops the trial (it scores
+    nothing); :class:`~labkit.grading.judge.Refused` from ``answers()`` passes through."""
     t = _task(task_id)
+    held, broken = dict.fromkeys(t.properties, 0), {}
     for schedule in t.schedules:
+        seen, history = set(), []
+        _EVIDENCE.append(seen)
         try:
             with answers() as answer:
-                _run(t, answer, schedule, [])
+                _run(t, answer, schedule, history)
         except Broken as b:
-            return False, failure(task_id, b, schedule, name)
-    return True, PASS.format(task=task_id, title=t.title)
+            events = tuple(map(dataclasses.asdict, history))
+            fail = Failure(b.rule, b.detail, schedule.name, schedule.seed, schedule.knobs, events)
+            if b.prop in PROBLEMS:
+                problem = Finding(b.prop, PROBLEMS[b.prop], 0, fail)
+                return Report(t.id, t.title, name, _found(t, held, broken), problem)
+            seen.add(b.prop)
+            broken.setdefault(b.prop, fail)
+        finally:
+            _EVIDENCE.pop()
+        if seen - set(t.properties):
+            raise LabkitError(f"task {t.id}: its trial checks {seen - set(t.properties)}, "
+                              f"which it does not declare ({sorted(t.properties)})")  # fmt: skip
+        for prop in seen - set(broken):
+            held[prop] += 1
+    return Report(t.id, t.title, name, _found(t, held, broken))
+
+
+def _found(t: Task, held: dict, broken: dict) -> tuple[Finding, ...]:
+    return tuple(Finding(p, w, held[p], broken.get(p)) for p, w in t.properties.items())
+
+
+def refused(task_id: str, why: str, name: str = "answer") -> Report:
+    """The report of ``task_id`` when its answer could not be run at all (``why``)."""
+    t = tasks_loaded().get(task_id)
+    if t is None:
+        return unrun(task_id, why, answer=name)
+    return unrun(t.id, why, title=t.title, answer=name, props=t.properties)
 
 
 def check(task_id: str, answer: Any) -> None:
@@ -228,17 +273,21 @@ def check(task_id: str, answer: Any) -> None:
             out, err = "", "labkit.grading: the judge did not finish within 600 s\n"
     sys.__stderr__.write(err)  # never into the check cell's compared output
     lines = out.strip().splitlines()
-    passed, text = json.loads(lines[-1]) if lines else (False, f"task {task_id}: the judge failed")
-    if not passed:
-        raise CheckFailed(task_id, text)
-    print(text)
+    report = (
+        Report.from_json(json.loads(lines[-1]))
+        if lines
+        else refused(task_id, "the judge failed", name)
+    )
+    if not report.passed:
+        raise CheckFailed(task_id, report.text(), report.seed)
+    print(report.text())
 
 
-def replay(task_id: str, answer: Any, *, seed: int, ax=None):
-    """Re-run the schedule ``seed`` of ``task_id``; return the matplotlib axes of its timeline."""
+def replayed(task_id: str, answer: Any, *, seed: int):
+    """Re-run the schedule ``seed`` of ``task_id`` in this process: the run as a Result (its
+    history is what the trial saw the answer do, up to where a property broke)."""
     from labkit.sim.engine import Result
     from labkit.sim.history import check as find
-    from labkit.views.plot import timeline
 
     t = _task(task_id)
     seeds = [s.seed for s in t.schedules]
@@ -250,12 +299,19 @@ def replay(task_id: str, answer: Any, *, seed: int, ax=None):
         _run(t, answer, schedule, history)
         verdict = f"task {task_id}: every property held (seed {seed})"
     except Broken as b:
-        verdict = f"task {task_id}: {b.prop} broke (seed {seed})"
+        words = t.properties.get(b.prop) or PROBLEMS.get(b.prop, b.prop)
+        verdict = f"task {task_id}: broken: {words} (seed {seed})"
     params, found = dict(schedule.knobs, seed=seed), tuple(find(history))
-    result = Result(
+    return Result(
         params=params, history=tuple(history), tables={}, violations=found, verdict=verdict
     )
-    return timeline(result, ax=ax)
+
+
+def replay(task_id: str, answer: Any, *, seed: int, ax=None):
+    """Re-run the schedule ``seed`` of ``task_id``; return the matplotlib axes of its timeline."""
+    from labkit.views.plot import timeline
+
+    return timeline(replayed(task_id, answer, seed=seed), ax=ax)
 
 
 #: where :func:`keys` reads the answer keys: the course's own solutions/ unless the judge is

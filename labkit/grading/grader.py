@@ -1,7 +1,8 @@
 """Grade a folder of submitted exercise notebooks and print a scorecard.
 
 Usage: ``python -m labkit.grade SUBMISSIONS... [--junit out.xml] [--csv out.csv]
-[--cell-timeout 30] [--solutions solutions/] [--jobs N] [--only STUDENT]``.
+[--feedback DIR] [--points FILE] [--cell-timeout 30] [--solutions solutions/] [--jobs N]
+[--only STUDENT]``.
 
 SUBMISSIONS are notebooks or folders searched for ``*.ipynb``. A submission's
 student is the name of its folder (or, lying directly in a folder given on the
@@ -12,6 +13,12 @@ the notebook's code cells are judged out of process (:mod:`labkit.grading.judge`
 they run in order in a sandboxed worker, and each task's trials run against the answer
 there. Stored outputs are never read. A notebook that is not JSON, is over 5 MB, has
 no task cells, loops, fork-bombs, fills its disk or exits costs that student only.
+
+Each task's points are shared among its properties (10 a task unless ``--points FILE``, a
+JSON object of task -> points, or task -> {property: points}, says otherwise); a property
+scores only if some schedule checked it and none broke it. The scorecard, the CSV and the
+JUnit file give each task's points, each broken property with its seed and replay call, and
+each student's total; ``--feedback DIR`` writes a page per student with the failing timelines.
 
 The exit status says whether grading ran (0), not whether students passed.
 """
@@ -30,9 +37,13 @@ import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
+from labkit.errors import BadArgument
+from labkit.grading import refused, tasks_loaded
 from labkit.grading.notebooks import ROOT, is_check
+from labkit.grading.reports import scorecard, totals, write_csv, write_feedback, write_junit
 
-__all__ = ["Submission", "grade", "main"]
+__all__ = ["Submission", "grade", "main", "load_points"]
+__all__ += ["scorecard", "totals", "write_csv", "write_feedback", "write_junit"]
 
 
 @dataclass(slots=True)
@@ -40,8 +51,8 @@ class Submission:
     """One notebook being graded.
 
     Attributes: ``path``, ``student``, ``exercise`` (the matching solution's file name, or
-    None), ``results`` (task id -> "pass" / "fail"), ``problem`` (why the notebook could not be
-    run), ``notes`` (task id -> why that task failed).
+    None), ``results`` (task id -> its :class:`~labkit.grading.scores.Report`), ``problem``
+    (why the notebook could not be run).
     """
 
     path: pathlib.Path
@@ -49,7 +60,21 @@ class Submission:
     exercise: str | None = None
     results: dict = field(default_factory=dict)
     problem: str | None = None
-    notes: dict = field(default_factory=dict)
+
+    @property
+    def outcomes(self) -> dict[str, str]:
+        """Task id -> "pass" (every property scored) or "fail"."""
+        return {t: "pass" if r and r.passed else "fail" for t, r in self.results.items()}
+
+    @property
+    def notes(self) -> dict[str, str]:
+        """Task id -> that task's scorecard, for the tasks that failed."""
+        return {t: r.text() for t, r in self.results.items() if r and not r.passed}
+
+    def refuse(self, why: str) -> None:
+        """The notebook could not be run: every task scores nothing, and says why."""
+        self.problem = why
+        self.results = {t: refused(t, why) for t in self.results}
 
 
 def task_of(cell) -> str | None:
@@ -114,21 +139,19 @@ def _prepare(sub: Submission, solutions: dict[str, dict]) -> dict | None:
     if match is None:
         sub.problem = sub.problem or "matches no exercise in solutions/ (it has no task cells)"
         return None
-    sub.results = {t: "fail" for t in _tasks(solutions[match])}
+    sub.results = {t: None for t in _tasks(solutions[match])}
     if nb is None:
-        return None
+        return sub.refuse(sub.problem)
     if not tags:
-        sub.problem = "not a submission of the exercise: it has no task cells"
-        return None
+        return sub.refuse("not a submission of the exercise: it has no task cells")
     try:
         return restore_checks(nb, solutions[match])
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        sub.problem = f"not a readable notebook: {type(exc).__name__}: {exc}"
-        return None
+        return sub.refuse(f"not a readable notebook: {type(exc).__name__}: {exc}")
 
 
-def _judge(job: tuple) -> tuple[dict, dict]:
-    """Judge one prepared notebook: ``({task: "pass" | "fail"}, {task: why, when it failed})``."""
+def _judge(job: tuple) -> dict:
+    """Judge one prepared notebook: ``{task: Report}``."""
     from labkit.grading import judge
     from labkit.grading.notebooks import cell_source, program
 
@@ -142,10 +165,8 @@ def _judge(job: tuple) -> tuple[dict, dict]:
         items = program([s for s in sources if isinstance(s, str)])
         verdicts = judge.judge(items, set(tasks), hide=hide, timeout=timeout)
     except Exception as exc:  # whatever went wrong costs this notebook only, and says so
-        verdicts = {t: (False, f"task {t}: the judge could not run it ({exc!r})") for t in tasks}
-    results = {t: "pass" if verdicts.get(t, (False,))[0] else "fail" for t in tasks}
-    notes = {t: verdicts[t][1] for t in tasks if results[t] == "fail" and t in verdicts}
-    return results, notes
+        verdicts = {t: refused(t, f"the judge could not run it ({exc!r})") for t in tasks}
+    return {t: verdicts.get(t) or refused(t, "its check never ran") for t in tasks}
 
 
 def grade(
@@ -183,8 +204,8 @@ def grade(
         )
     try:
         outcomes = pool.map(_judge, args) if pool else map(_judge, args)
-        for done, ((sub, _), (results, notes)) in enumerate(zip(work, outcomes), 1):
-            sub.results, sub.notes = results, notes
+        for done, ((sub, _), results) in enumerate(zip(work, outcomes), 1):
+            sub.results = results
             bar = "#" * (30 * done // len(work))
             print(
                 f"\r[{bar:<30}] {done}/{len(work)} {sub.student}", end="", file=progress, flush=True
@@ -197,61 +218,33 @@ def grade(
     return subs
 
 
-def _why(s: Submission, tid: str) -> str:
-    """What to say of one failed task: its own note, else the notebook's problem."""
-    return s.notes.get(tid) or s.problem or f"task {tid} failed its check"
-
-
-def totals(subs: list[Submission]) -> dict[str, int]:
-    """Tasks passed per student, over all of their notebooks."""
-    out: dict[str, int] = {}
-    for s in subs:
-        out[s.student] = out.get(s.student, 0) + sum(v == "pass" for v in s.results.values())
-    return out
-
-
-def scorecard(subs: list[Submission]) -> str:
-    """Return the scorecard: a row per notebook, a column per task, the student's total."""
-    tasks, total = sorted({t for s in subs for t in s.results}), totals(subs)
-    width = max([len("student")] + [len(s.student) for s in subs])
-    head = "student".ljust(width) + "  " + "  ".join(t.ljust(5) for t in tasks)
-    lines = [head + "  total  notebook"]
-    for s in subs:
-        cells = "  ".join(s.results.get(t, "-").ljust(5) for t in tasks)
-        note = (s.exercise or s.path.name) + (f"  ({s.problem})" if s.problem else "")
-        lines.append(f"{s.student.ljust(width)}  {cells}  {total[s.student]:<5}  {note}")
-    return "\n".join(lines)
-
-
-def write_junit(subs: list[Submission], path: pathlib.Path) -> None:
-    """Write one testcase per (notebook, task), failed or passed; a failure says why that task."""
-    suite = ET.Element("testsuite", name="labkit-grade")
-    for s in subs:
-        for tid, outcome in s.results.items():
-            where = f"{s.student}.{s.exercise}"
-            case = ET.SubElement(suite, "testcase", classname=where, name=f"task {tid}")
-            if outcome != "pass":
-                ET.SubElement(case, "failure", message=_why(s, tid).split("\n")[0]).text = _why(
-                    s, tid
+def load_points(path) -> dict:
+    """Read a ``--points`` file: ``{task: points}`` or ``{task: {property: points}}``, each
+    task and property one that exists, each number at least 0 (BadArgument otherwise)."""
+    try:
+        given = json.loads(pathlib.Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise BadArgument("--points", f"cannot read {path} as JSON: {exc}") from None
+    tasks = tasks_loaded()
+    if not isinstance(given, dict):
+        raise BadArgument("--points", "must be a JSON object of task -> points")
+    for tid, value in given.items():
+        if tid not in tasks:
+            raise BadArgument(
+                "--points", f"there is no task {tid!r}; the tasks are {sorted(tasks)}"
+            )
+        props = tasks[tid].properties
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        for prop, n in items:
+            if prop is not None and prop not in props:
+                raise BadArgument(
+                    "--points", f"task {tid} has no property {prop!r}; it has {list(props)}"
                 )
-        if not s.results:
-            case = ET.SubElement(suite, "testcase", classname=s.student, name=s.path.name)
-            ET.SubElement(case, "failure", message=s.problem or "not graded")
-    suite.set("tests", str(len(suite)))
-    suite.set("failures", str(sum(1 for c in suite if len(c))))
-    ET.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)
-
-
-def write_csv(subs: list[Submission], path: pathlib.Path) -> None:
-    """Write student, notebook, task, outcome, problem (that task's), and the student's total."""
-    total = totals(subs)
-    with open(path, "w", newline="") as f:
-        out = csv.writer(f)
-        out.writerow(["student", "notebook", "task", "outcome", "problem", "total"])
-        for s in subs:
-            for tid, outcome in s.results.items():
-                why = "" if outcome == "pass" else _why(s, tid).split("\n")[0]
-                out.writerow([s.student, s.exercise, tid, outcome, why, total[s.student]])
+            if isinstance(n, bool) or not isinstance(n, (int, float)) or not 0 <= n < float("inf"):
+                raise BadArgument(
+                    "--points", f"task {tid}: points must be a number >= 0, got {n!r}"
+                )
+    return given
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -264,15 +257,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--solutions", type=pathlib.Path, default=ROOT / "solutions")
     parser.add_argument("--jobs", type=int, default=1, help="notebooks judged at once")
     parser.add_argument("--only", help="grade only this student")
+    parser.add_argument("--feedback", type=pathlib.Path, help="write a page per student here")
+    parser.add_argument("--points", type=pathlib.Path, help="JSON: task -> points")
     args = parser.parse_args(argv)
+    try:
+        points = load_points(args.points) if args.points else None
+    except BadArgument as exc:
+        parser.error(str(exc))
     outputs = [p.resolve().parent for p in (args.junit, args.csv) if p]
+    outputs += [args.feedback.resolve()] if args.feedback else []
     subs = grade(
         args.submissions, solutions=args.solutions, cell_timeout=args.cell_timeout,
         jobs=max(1, args.jobs), only=args.only, hide=outputs,
     )  # fmt: skip
-    print(scorecard(subs))
+    print(scorecard(subs, points))
     if args.junit:
-        write_junit(subs, args.junit)
+        write_junit(subs, args.junit, points)
     if args.csv:
-        write_csv(subs, args.csv)
+        write_csv(subs, args.csv, points)
+    if args.feedback:
+        pages = write_feedback(subs, args.feedback, points)
+        print(f"{len(pages)} feedback pages in {args.feedback}", file=sys.stderr)
     return 0

@@ -192,9 +192,9 @@ class RemoteAnswer:
 def judge(items: list[tuple], tasks=None, *, hide=(), timeout: float = 30.0) -> dict:
     """Judge a program (:func:`labkit.grading.notebooks.program`): run its code in one
     sandbox, and each task (of ``tasks``; None: all) at its last check. Returns
-    ``{task: (passed, text)}``. A sandbox an answer broke is replaced and the cells run again;
+    ``{task: Report}``. A sandbox an answer broke is replaced and the cells run again;
     after a cell that does not finish within ``timeout``, every later task fails."""
-    from labkit.grading import tasks_loaded
+    from labkit.grading import refused, tasks_loaded
 
     last = {item[1]: i for i, item in enumerate(items) if item[0] == "check"}
     wanted = [t for t in last if tasks is None or t in tasks]
@@ -221,14 +221,15 @@ def judge(items: list[tuple], tasks=None, *, hide=(), timeout: float = 30.0) -> 
             elif item[0] == "check" and item[1] in wanted and last[item[1]] == i:
                 loading.join() if loading.ident else tasks_loaded()
                 why = f"task {item[1]}: code cell {hung} did not finish within {timeout:g} s"
-                results[item[1]] = (False, why) if hung is not None else attempt(box, *item[1:])
+                done = refused(item[1], why, item[2]) if hung is not None else None
+                results[item[1]] = done or attempt(box, *item[1:])
     finally:
         if loading.ident:
             loading.join()
         if box is not None:
             box.close()
     for t in wanted:
-        results.setdefault(t, (False, f"task {t}: its check never ran"))
+        results.setdefault(t, refused(t, "its check never ran"))
     return results
 
 
@@ -241,25 +242,25 @@ def _cell(box: Sandbox, source: str, number: int) -> bool:
     return True
 
 
-def attempt(box: Sandbox, task_id: str, name: str) -> tuple[bool, str]:
-    """Judge the answer ``name`` in ``box`` (its cells run) for ``task_id``: (passed, text)."""
-    from labkit.grading import TASKS, verdict
+def attempt(box: Sandbox, task_id: str, name: str):
+    """Judge the answer ``name`` in ``box`` (its cells run) for ``task_id``: its Report."""
+    from labkit.grading import TASKS, refused, verdict
 
     task = TASKS.get(task_id)
     if task is None:
-        return False, f"task {task_id}: no such task"
+        return refused(task_id, "no such task", name)
     box.deadline = CLOCK.now() + TASK_LIMIT * box.timeout
     try:
         return verdict(task.id, lambda: box.answer(name, task.returns), name)
     except Refused as exc:
-        return False, f"task {task.id}: {exc}"
+        return refused(task.id, str(exc), name)
     finally:
         box.deadline = None
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m labkit.grading.judge TASK [NAME]`` < a JSON list of the kernel's cell sources:
-    print ``[passed, text]``. With NAME (a check called from any cell), the check comes last."""
+    print its Report as JSON. With NAME (a check called from any cell), the check comes last."""
     import json
 
     from labkit.grading.notebooks import program
@@ -268,8 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     items = program(json.loads(sys.stdin.read()))
     if name and (not items or items[-1][:2] != ("check", task)):
         items.append(("check", task, name[0]))
-    passed, text = judge(items, {task}).get(task, (False, f"no check of {task}"))
-    print(json.dumps([passed, text]))
+    from labkit.grading import refused
+
+    report = judge(items, {task}).get(task) or refused(task, f"no check of {task}")
+    print(json.dumps(report.to_json()))
     return 0
 
 

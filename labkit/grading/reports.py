@@ -1,0 +1,220 @@
+"""What the grader writes: the scorecard, the CSV and JUnit files, and the feedback pages.
+
+Every output gives each task's points, each property that did not score with its seed and
+replay call, and each student's total. A feedback page (``labkit.grade --feedback DIR``) is
+one self-contained HTML page per student. It lists the student's notebooks and tasks with their points, every property that did
+not score in plain words (the rule, what the judge saw, the seed and the replay call), and the
+timeline of the failing schedule, drawn by the lessons' own :func:`labkit.views.plot.timeline`
+from the events the judge logged and embedded as a PNG, so the page needs no other file.
+The standard library's ``html`` escapes every text; a template engine would add a dependency
+for one page layout.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import pathlib
+import re
+import xml.etree.ElementTree as ET
+
+from labkit.grading.scores import Failure, Report, shown_points
+
+__all__ = ["scorecard", "totals", "failures", "write_junit", "write_csv", "write_feedback"]
+__all__ += ["picture", "page", "write_pages"]
+
+
+def totals(subs: list, points=None) -> dict[str, tuple[float, float]]:
+    """Points scored and possible per student, over all of their notebooks."""
+    out: dict[str, tuple[float, float]] = {}
+    for s in subs:
+        got, possible = out.get(s.student, (0.0, 0.0))
+        for tid, r in s.results.items():
+            g, p = r.total((points or {}).get(tid))
+            got, possible = got + g, possible + p
+        out[s.student] = (got, possible)
+    return out
+
+
+def _pts(pair: tuple[float, float]) -> str:
+    return f"{shown_points(pair[0])}/{shown_points(pair[1])}"
+
+
+def failures(report, points=None) -> list[str]:
+    """One line per property that did not score: its words, the seed and the replay call."""
+    out = []
+    for f in report.failed():
+        if f.broken is None:
+            out.append(f"never checked: {f.words}")
+        elif f.broken.seed is None:
+            out.append(f"{f.words}: {f.broken.detail}")
+        else:
+            replay = f.broken.replay(report.task, report.answer)
+            out.append(f"{f.words} (seed {f.broken.seed}): {replay}")
+    return out
+
+
+def scorecard(subs: list, points=None) -> str:
+    """The scorecard: a row per notebook with each task's points and the student's total, then
+    a line per property that did not score."""
+    tasks, total = sorted({t for s in subs for t in s.results}), totals(subs, points)
+    width = max([len("student")] + [len(s.student) for s in subs])
+    head = "student".ljust(width) + "  " + "  ".join(t.ljust(7) for t in tasks)
+    lines, broken = [head + "  total    notebook"], []
+    for s in subs:
+        row = [s.results.get(t) for t in tasks]
+        cells = "  ".join(
+            (_pts(r.total((points or {}).get(r.task))) if r else "-").ljust(7) for r in row
+        )
+        note = (s.exercise or s.path.name) + (f"  ({s.problem})" if s.problem else "")
+        lines.append(f"{s.student.ljust(width)}  {cells}  {_pts(total[s.student]):<7}  {note}")
+        for tid, r in s.results.items():
+            broken += [f"  {s.student} {tid}: {line}" for line in failures(r, points)]
+    return "\n".join(lines + (["", "what did not score:"] + broken if broken else []))
+
+
+def write_junit(subs: list, path: pathlib.Path, points=None) -> None:
+    """One testcase per (notebook, task) with its points; a failure names that task's broken
+    properties, and its text is the task's scorecard."""
+    suite = ET.Element("testsuite", name="labkit-grade")
+    for s in subs:
+        for tid, r in s.results.items():
+            given = (points or {}).get(tid)
+            case = ET.SubElement(
+                suite, "testcase", classname=f"{s.student}.{s.exercise}", name=f"task {tid}"
+            )
+            ET.SubElement(
+                ET.SubElement(case, "properties"),
+                "property",
+                name="points",
+                value=_pts(r.total(given)),
+            )
+            if not r.passed:
+                message = f"task {tid}: {_pts(r.total(given))} points; " + "; ".join(
+                    failures(r, given)
+                )
+                ET.SubElement(case, "failure", message=message).text = r.text(given)
+        if not s.results:
+            case = ET.SubElement(suite, "testcase", classname=s.student, name=s.path.name)
+            ET.SubElement(case, "failure", message=s.problem or "not graded")
+    suite.set("tests", str(len(suite)))
+    suite.set("failures", str(sum(1 for c in suite if c.find("failure") is not None)))
+    ET.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)
+
+
+CSV_COLUMNS = ["student", "notebook", "task", "points", "possible", "outcome", "failed", "note"]
+
+
+def write_csv(subs: list, path: pathlib.Path, points=None) -> None:
+    """A row per (notebook, task): its points, what did not score (each with its seed and replay
+    call), the note of that task alone, and the student's total points and possible."""
+    total = totals(subs, points)
+    with open(path, "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(CSV_COLUMNS + ["total", "total_possible"])
+        for s in subs:
+            for tid, r in s.results.items():
+                got, possible = r.total((points or {}).get(tid))
+                note = r.problem.broken.detail if r.problem else ""
+                failed = " | ".join(failures(r, points)) if not r.problem else ""
+                row = [s.student, s.exercise, tid, shown_points(got), shown_points(possible)]
+                row += ["pass" if r.passed else "fail", failed, note]
+                out.writerow(row + [shown_points(x) for x in total[s.student]])
+
+
+def write_feedback(subs: list, folder: pathlib.Path, points=None) -> list[pathlib.Path]:
+    """``folder/<student>.html`` for each student (see :mod:`labkit.grading.feedback`)."""
+    by_student: dict = {}
+    for s in subs:
+        name = s.exercise or s.path.name
+        by_student.setdefault(s.student, []).append((name, list(s.results.values())))
+    return write_pages(by_student, folder, points)
+
+
+STYLE = """body{font:16px/1.45 system-ui,sans-serif;max-width:70em;margin:2em auto;color:#222}
+h2{border-bottom:1px solid #ccc}.held{color:#007a55}.broken{color:#b3261e}.never{color:#8a6d00}
+pre{background:#f6f6f6;padding:.6em;white-space:pre-wrap}img{max-width:100%;border:1px solid #ddd}
+td,th{padding:.2em .8em;text-align:left}"""
+
+
+def picture(task: str, words: str, failure: Failure) -> str:
+    """The timeline of ``failure``'s schedule as a ``data:`` PNG URI ('' if it logged nothing)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from labkit.sim.engine import Result
+    from labkit.sim.history import Event, check
+    from labkit.views.plot import fit_figure, timeline
+    from labkit.views.scene import lanes_of
+
+    history = tuple(Event(**e) for e in failure.events)
+    if not lanes_of(history):
+        return ""
+    title = f"task {task}: broken: {words} (seed {failure.seed})"
+    params = dict(failure.knobs or {}, seed=failure.seed)
+    result = Result(params, history, {}, tuple(check(history)), title)
+    fig = Figure()
+    FigureCanvasAgg(fig)
+    fit_figure(fig, len(lanes_of(history)))
+    timeline(result, ax=fig.add_subplot())
+    out = io.BytesIO()
+    fig.savefig(out, format="png", dpi=72)
+    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+
+
+def _task(report: Report, given) -> list[str]:
+    got, possible = map(shown_points, report.total(given))
+    out = [
+        f"<h3>task {html.escape(report.task)}: {html.escape(report.title)}: {got}/{possible} points</h3>"
+    ]
+    points = report.points(given)
+    for f in (*([report.problem] if report.problem else []), *report.findings):
+        scored, worth = points.get(f.prop, (0.0, 0.0))
+        kind = "held" if f.scored and not report.problem else ("broken" if f.broken else "never")
+        label = {"held": "held", "broken": "broken", "never": "never checked"}[kind]
+        if f is report.problem:
+            label, kind, pts = "no points until", "broken", ""
+        else:
+            pts = f" ({shown_points(scored)}/{shown_points(worth)})"
+        out.append(f'<p class="{kind}"><b>{label}</b>: {html.escape(f.words)}{pts}</p>')
+        if f.broken and (f is report.problem or not report.problem):
+            lines = f.broken.lines(report.task, report.answer)
+            out.append("<pre>" + html.escape("\n".join(lines)) + "</pre>")
+            image = picture(report.task, f.words, f.broken)
+            if image:
+                alt = html.escape(f"the timeline of seed {f.broken.seed}")
+                out.append(f'<img alt="{alt}" src="{image}">')
+    return out
+
+
+def page(student: str, notebooks: list[tuple[str, list[Report]]], given=None) -> str:
+    """One student's page: ``notebooks`` are (notebook name, its reports); ``given`` the points."""
+    reports = [r for _, rs in notebooks for r in rs]
+    got = sum(r.total((given or {}).get(r.task))[0] for r in reports)
+    possible = sum(r.total((given or {}).get(r.task))[1] for r in reports)
+    name = html.escape(student)
+    body = [f"<h1>{name}: {shown_points(got)}/{shown_points(possible)} points</h1>"]
+    for notebook, rs in notebooks:
+        body.append(f"<h2>{html.escape(notebook)}</h2>")
+        for r in rs:
+            body += _task(r, (given or {}).get(r.task))
+    head = f'<meta charset="utf-8"><title>{name}: feedback</title><style>{STYLE}</style>'
+    return (
+        f"<!doctype html>\n<html><head>{head}</head><body>\n"
+        + "\n".join(body)
+        + "\n</body></html>\n"
+    )
+
+
+def write_pages(by_student: dict, folder: pathlib.Path, given=None) -> list[pathlib.Path]:
+    """Write ``folder/<student>.html`` for each student of ``by_student`` (student -> notebooks)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for student, notebooks in by_student.items():
+        safe = re.sub(r"[^\w.-]", "_", student) or "student"
+        path = folder / f"{safe}.html"
+        path.write_text(page(student, notebooks, given))
+        written.append(path)
+    return written
