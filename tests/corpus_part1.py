@@ -87,7 +87,7 @@ def fenced_insert(conn, job, invoice_id, amount, generation):
     conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
     conn.execute("COMMIT")
     return True
-''', "is refused and writes nothing"),
+''', "writes nothing when the fence is at", ("stale", "ends")),
     "missing rollback when no row comes back": (_UPSERT + '''
 def fenced_insert(conn, job, invoice_id, amount, generation):
     conn.execute("BEGIN IMMEDIATE")
@@ -96,7 +96,7 @@ def fenced_insert(conn, job, invoice_id, amount, generation):
     conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
     conn.execute("COMMIT")
     return True
-''', "ends its transaction"),
+''', "ends its transaction", "ends"),
     "no rollback when the insert fails (a crash inside)": (_UPSERT + '''
 def fenced_insert(conn, job, invoice_id, amount, generation):
     conn.execute("BEGIN IMMEDIATE")
@@ -106,30 +106,77 @@ def fenced_insert(conn, job, invoice_id, amount, generation):
     conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
     conn.execute("COMMIT")
     return True
-''', "ends its transaction"),
+''', "ends its transaction", "ends"),
     "writes the invoice first, raises the fence after": (_UPSERT + '''
 def fenced_insert(conn, job, invoice_id, amount, generation):
     conn.execute("BEGIN IMMEDIATE")
-    conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
-    if not conn.execute(RAISE, {"job": job, "generation": generation}).fetchall():
+    try:
+        conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
+        if not conn.execute(RAISE, {"job": job, "generation": generation}).fetchall():
+            conn.execute("ROLLBACK")
+            return False
+        conn.execute("COMMIT")
+        return True
+    except BaseException:
         conn.execute("ROLLBACK")
-        return False
-    conn.execute("COMMIT")
-    return True
-''', "the fence is raised before"),
+        raise
+''', "the fence is raised before", "fence first"),
     "no transaction: two autocommit statements": (_UPSERT + '''
 def fenced_insert(conn, job, invoice_id, amount, generation):
     if not conn.execute(RAISE, {"job": job, "generation": generation}).fetchall():
         return False
     conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
     return True
-''', "is refused and writes nothing"),
+''', "writes nothing when the fence is at", ("stale", "all or nothing")),
     "the fence's WHERE forgets the job": (_UPSERT + _SKELETON.format(
         raise_="UPDATE job_fence SET generation = :generation WHERE generation <= :generation RETURNING 1"),
-        "changes nothing else"),
+        "changes nothing else", ("newer", "equal", "stale")),
     "equal generations refused (< instead of <=)": (_UPSERT + _SKELETON.format(
         raise_="UPDATE job_fence SET generation = :generation WHERE generation < :generation AND job_id = :job "
-               "RETURNING 1"), "equal generations pass"),
+               "RETURNING 1"), "equal generations pass", "equal"),
+    "the fence passes only the generation it holds (= instead of <=)": (_UPSERT + _SKELETON.format(
+        raise_="UPDATE job_fence SET generation = :generation WHERE generation = :generation AND job_id = :job "
+               "RETURNING 1"), "raises the fence of its own job", "newer"),
+    "no ROLLBACK when the fence refuses (only the error path has one)": (_UPSERT + """
+def fenced_insert(conn, job, invoice_id, amount, generation):
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if not conn.execute(RAISE, {"job": job, "generation": generation}).fetchall():
+            return False
+        conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
+        conn.execute("COMMIT")
+        return True
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+""", "ends its transaction", "ends"),
+    "COMMIT in finally (what came before a crash is committed)": (_UPSERT + """
+def fenced_insert(conn, job, invoice_id, amount, generation):
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if not conn.execute(RAISE, {"job": job, "generation": generation}).fetchall():
+            conn.execute("ROLLBACK")
+            return False
+        conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
+        return True
+    finally:
+        if conn.conn.in_transaction:
+            conn.execute("COMMIT")
+""", "leaves nothing behind", "all or nothing"),
+    "errors swallowed: ROLLBACK, then return False": (_UPSERT + """
+def fenced_insert(conn, job, invoice_id, amount, generation):
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if not conn.execute(RAISE, {"job": job, "generation": generation}).fetchall():
+            conn.execute("ROLLBACK")
+            return False
+        conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
+        conn.execute("COMMIT")
+        return True
+    except Exception:
+        conn.execute("ROLLBACK")
+        return False
+""", "propagates to the caller", "propagates"),
     "deferred BEGIN: reads, compares, then writes": (_UPSERT + """
 def fenced_insert(conn, job, invoice_id, amount, generation):
     conn.execute("BEGIN")
@@ -145,11 +192,11 @@ def fenced_insert(conn, job, invoice_id, amount, generation):
     except BaseException:
         conn.execute("ROLLBACK")
         raise
-""", "is refused"),
+""", "is refused", "stale"),
     "a constant: always True": ('''
 def fenced_insert(conn, job, invoice_id, amount, generation):
     return True
-''', "an accepted write stores its invoices"),
+''', "an accepted write stores its invoices", None),
 }
 
 # --------------------------------------------------------------------- 02.2 charge once
@@ -186,6 +233,26 @@ def charge_once(conn, job, key, invoice_id, amount, generation):
 ''',
 }
 
+_ONCE = """
+def charge_once(conn, job, key, invoice_id, amount, generation):
+    conn.execute('BEGIN IMMEDIATE')
+    try:
+        if not conn.execute('UPDATE job_fence SET generation = ? WHERE job_id = ? AND generation <= ? '
+                            'RETURNING generation', [generation, job, generation]).fetchall():
+            {refused}
+        new = conn.execute('INSERT INTO idempotency_keys(key) VALUES (?) ON CONFLICT(key) DO NOTHING', [key]).rowcount
+        if not new:
+            (stored,), = conn.execute('SELECT result FROM idempotency_keys WHERE key = ?', [key]).fetchall()
+            conn.execute('COMMIT')
+            return int(stored)
+        (charge_id,), = conn.execute(CHARGE, [job, invoice_id, amount, generation]).fetchall()
+        conn.execute('UPDATE idempotency_keys SET result = ? WHERE key = ?', [charge_id, key])
+        conn.execute('COMMIT')
+        return charge_id
+    except BaseException:
+        conn.execute('ROLLBACK')
+        raise
+"""
 ONCE_WRONG = {
     "the fence alone (no operation key)": (_CHARGE + '''
 import labkit
@@ -195,7 +262,7 @@ def charge_once(conn, job, key, invoice_id, amount, generation):
             return tx.execute(CHARGE, [job, invoice_id, amount, generation])[0][0]
     except labkit.StaleGeneration:
         return None
-''', "charges nothing"),
+''', "charges nothing", "repeat"),
     "the key recorded in its own transaction before the charge": (_CHARGE + '''
 import labkit
 def charge_once(conn, job, key, invoice_id, amount, generation):
@@ -210,7 +277,7 @@ def charge_once(conn, job, key, invoice_id, amount, generation):
             return charge_id
     except labkit.StaleGeneration:
         return None
-''', "charges exactly once"),
+''', "charges exactly once", ("first", "rolls back", "stale")),
     "the key looked up before the transaction (check-then-act on the key)": (_CHARGE + '''
 import labkit
 def charge_once(conn, job, key, invoice_id, amount, generation):
@@ -224,7 +291,7 @@ def charge_once(conn, job, key, invoice_id, amount, generation):
             return charge_id
     except labkit.StaleGeneration:
         return None
-''', "charges nothing"),
+''', "charges nothing", "repeat"),
     "the key checked before the fence (a stale repeat gets the old id)": (_CHARGE + '''
 import labkit
 def charge_once(conn, job, key, invoice_id, amount, generation):
@@ -246,7 +313,7 @@ def charge_once(conn, job, key, invoice_id, amount, generation):
         if conn.conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
-''', "fence"),
+''', "fence", ("stale", "repeat")),
     "INSERT OR IGNORE of the key, but the charge regardless of its row count": (_CHARGE + '''
 import labkit
 def charge_once(conn, job, key, invoice_id, amount, generation):
@@ -256,11 +323,29 @@ def charge_once(conn, job, key, invoice_id, amount, generation):
             return tx.execute(CHARGE, [job, invoice_id, amount, generation])[0][0]
     except labkit.StaleGeneration:
         return None
-''', "charges nothing"),
+''', "charges nothing", "repeat"),
     "a constant: always None": ('''
 def charge_once(conn, job, key, invoice_id, amount, generation):
     return None
-''', "raises the fence"),
+''', "raises the fence", None),
+    "the fence's row count ignored (a stale call charges)": (_CHARGE + _ONCE.format(
+        refused="pass  # the UPDATE matched no row, but the charge goes on"), "is refused: it returns None", "stale"),
+    "a new charge's id never returned (only a repeat gets it)": (_CHARGE + _ONCE.format(
+        refused="conn.execute('ROLLBACK')\n            return None").replace(
+        "        conn.execute('COMMIT')\n        return charge_id", "        conn.execute('COMMIT')"),
+        "returns the id of the charge it made", "first"),
+    "no ROLLBACK when the fence refuses (only the error path has one)": (_CHARGE + _ONCE.format(
+        refused="return None"), "ends its transaction", "ends"),
+    "COMMIT in finally (the fence's raise outlives a crash)": (_CHARGE + _ONCE.format(
+        refused="conn.execute('ROLLBACK')\n            return None").replace(
+        "    except BaseException:\n        conn.execute('ROLLBACK')\n        raise",
+        "    finally:\n        if conn.conn.in_transaction:\n            conn.execute('COMMIT')"),
+        "a crash leaves no charge", "rolls back"),
+    "errors swallowed: ROLLBACK, then return None": (_CHARGE + _ONCE.format(
+        refused="conn.execute('ROLLBACK')\n            return None").replace(
+        "    except BaseException:\n        conn.execute('ROLLBACK')\n        raise",
+        "    except Exception:\n        conn.execute('ROLLBACK')\n        return None"),
+        "propagates", "propagates"),
 }
 
 # --------------------------------------------------------------------- 03.1 batch writer
@@ -296,6 +381,22 @@ def record_batch(conn, job, generation, invoices):
 ''',
 }
 
+_BATCH = """
+def record_batch(conn, job, generation, invoices):
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if conn.execute("UPDATE job_fence SET generation = ? WHERE job_id = ? AND {cond}",
+                        [generation, job, generation]).rowcount != 1:
+            conn.execute("ROLLBACK")
+            return False
+        for invoice_id, amount in invoices.items():
+            conn.execute(UPSERT, {{"job": job, "invoice": invoice_id, "amount": amount, "generation": generation}})
+        conn.execute("COMMIT")
+        return True
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+"""
 BATCH_WRONG = {
     "the given check-then-act worker, unchanged": (_UPSERT + '''
 def record_batch(conn, job, generation, invoices):
@@ -308,7 +409,7 @@ def record_batch(conn, job, generation, invoices):
         conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
     conn.execute("COMMIT")
     return True
-''', "is refused and writes nothing"),
+''', "writes nothing when the fence is at", ("stale", "ends")),
     "one fenced transaction per invoice (not all or nothing)": (_UPSERT + '''
 import labkit
 def record_batch(conn, job, generation, invoices):
@@ -319,7 +420,7 @@ def record_batch(conn, job, generation, invoices):
     except labkit.StaleGeneration:
         return False
     return True
-''', "visible together"),
+''', "leaves nothing behind", "all or nothing"),
     "a conditional UPDATE whose row count is ignored": (_UPSERT + '''
 def record_batch(conn, job, generation, invoices):
     conn.execute("BEGIN IMMEDIATE")
@@ -329,7 +430,7 @@ def record_batch(conn, job, generation, invoices):
         conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
     conn.execute("COMMIT")
     return True
-''', "is refused"),
+''', "is refused", ("stale", "ends")),
     "the check moved inside the transaction but the row count still ignored, and no rollback": (_UPSERT + '''
 def record_batch(conn, job, generation, invoices):
     conn.execute("BEGIN IMMEDIATE")
@@ -341,11 +442,79 @@ def record_batch(conn, job, generation, invoices):
         conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
     conn.execute("COMMIT")
     return True
-''', "ends its transaction"),
+''', "ends its transaction", "ends"),
     "a constant: always False": ('''
 def record_batch(conn, job, generation, invoices):
     return False
-''', "is accepted"),
+''', "is accepted", None),
+    "equal generations refused (< instead of <=)": (_UPSERT + _BATCH.format(cond="generation < ?"),
+                                                    "equal generations pass", "equal"),
+    "the fence passes only the generation it holds (= instead of <=)": (
+        _UPSERT + _BATCH.format(cond="generation = ?"), "raises the fence of its own job", "newer"),
+    "writes the batch first, then the conditional UPDATE": (_UPSERT + """
+def record_batch(conn, job, generation, invoices):
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for invoice_id, amount in invoices.items():
+            conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
+        if conn.execute("UPDATE job_fence SET generation = ? WHERE job_id = ? AND generation <= ?",
+                        [generation, job, generation]).rowcount != 1:
+            conn.execute("ROLLBACK")
+            return False
+        conn.execute("COMMIT")
+        return True
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+""", "the fence is raised before", "fence first"),
+    "no ROLLBACK when the fence refuses (only the error path has one)": (_UPSERT + """
+def record_batch(conn, job, generation, invoices):
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if conn.execute("UPDATE job_fence SET generation = ? WHERE job_id = ? AND generation <= ?",
+                        [generation, job, generation]).rowcount != 1:
+            return False
+        for invoice_id, amount in invoices.items():
+            conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
+        conn.execute("COMMIT")
+        return True
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+""", "ends its transaction", "ends"),
+    "errors swallowed: ROLLBACK, then return False": (_UPSERT + """
+def record_batch(conn, job, generation, invoices):
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if conn.execute("UPDATE job_fence SET generation = ? WHERE job_id = ? AND generation <= ?",
+                        [generation, job, generation]).rowcount != 1:
+            conn.execute("ROLLBACK")
+            return False
+        for invoice_id, amount in invoices.items():
+            conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
+        conn.execute("COMMIT")
+        return True
+    except Exception:
+        conn.execute("ROLLBACK")
+        return False
+""", "propagates to the caller", "propagates"),
+    "deferred BEGIN: reads the fence, compares, then writes": (_UPSERT + """
+def record_batch(conn, job, generation, invoices):
+    conn.execute("BEGIN")
+    try:
+        (current,) = conn.execute("SELECT generation FROM job_fence WHERE job_id = ?", [job]).fetchone()
+        if generation < current:
+            conn.execute("ROLLBACK")
+            return False
+        conn.execute("UPDATE job_fence SET generation = ? WHERE job_id = ?", [generation, job])
+        for invoice_id, amount in invoices.items():
+            conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
+        conn.execute("COMMIT")
+        return True
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+""", "is refused", "stale"),
 }
 
 # --------------------------------------------------------------------- 03.2 quiz
@@ -364,23 +533,31 @@ QUIZ_WRONG = {
     "believes the invoices file refuses the stale write": ('''
 def split_database_answers():
     return {"q1": "b", "q2": "a", "q3": "a", "q4": "c"}
-''', "q2"),
+''', "q2", "generations"),
     "believes a longer lease fixes it": ('''
 def split_database_answers():
     return {"q1": "b", "q2": "b", "q3": "a", "q4": "a"}
-''', "q4"),
+''', "q4", "generations"),
     "believes A's step is one transaction": ('''
 def split_database_answers():
     return {"q1": "a", "q2": "b", "q3": "c", "q4": "c"}
-''', "q1"),
+''', "q1", "transactions"),
+    "believes one file is safe only because it is faster": ('''
+def split_database_answers():
+    return {"q1": "b", "q2": "b", "q3": "b", "q4": "c"}
+''', "think again about what the one-file version", "transactions"),
     "a constant: all a": ('''
 def split_database_answers():
     return {"q1": "a", "q2": "a", "q3": "a", "q4": "a"}
-''', "answered right"),
+''', "answered right", None),
+    "a constant: all b": ('''
+def split_database_answers():
+    return {"q1": "b", "q2": "b", "q3": "b", "q4": "b"}
+''', "answered right", None),
     "a list instead of a dict": ('''
 def split_database_answers():
     return ["b", "b", "a", "c"]
-''', "a dict"),
+''', "a dict", None),
 }
 
 # --------------------------------------------------------------------- 01.1 lost updates
@@ -407,7 +584,7 @@ def find_lost_updates(history):
         before = [e for e in history[:i] if e.action == "write" and e.outcome == "ok" and e.target == v.event.target]
         if before and v.event.generation < before[-1].generation:
             lost.append(before[-1])
-    return lost
+    return sorted(lost, key=history.index)
 ''',
 }
 
@@ -421,7 +598,7 @@ def find_lost_updates(history):
                 found.append(e)
             last[e.target] = e
     return found
-''', "the lost writes are exactly"),
+''', "the lost writes are exactly", "victims"),
     "counts rejected writes as if they had committed": ('''
 def find_lost_updates(history):
     last, found = {}, []
@@ -430,8 +607,8 @@ def find_lost_updates(history):
             if e.target in last and e.generation < last[e.target].generation:
                 found.append(last[e.target])
             last[e.target] = e
-    return found
-''', "the lost writes are exactly"),
+    return sorted(found, key=history.index)
+''', "the lost writes are exactly", "committed"),
     "compares with the highest generation ever, not the stored one": ('''
 def find_lost_updates(history):
     top, last, found = {}, {}, []
@@ -441,19 +618,47 @@ def find_lost_updates(history):
                 found.append(last[e.target])
             top[e.target] = max(top.get(e.target, 0), e.generation)
             last[e.target] = e
-    return found
-''', "the lost writes are exactly"),
-    "any write below the newest generation, whatever the invoice": ('''
+    return sorted(found, key=history.index)
+''', "the lost writes are exactly", "newer or equal"),
+    "an equal generation counted as a loss (<=)": ('''
+def find_lost_updates(history):
+    last, found = {}, []
+    for e in history:
+        if e.action == "write" and e.outcome == "ok":
+            if e.target in last and e.generation <= last[e.target].generation:
+                found.append(last[e.target])
+            last[e.target] = e
+    return sorted(found, key=history.index)
+''', "the lost writes are exactly", "newer or equal"),
+    "compares with the previous committed write, whatever its invoice": ('''
 def find_lost_updates(history):
     writes = [e for e in history if e.action == "write" and e.outcome == "ok"]
-    newest = max((e.generation for e in writes), default=0)
-    return [e for e in writes if e.generation == newest and any(
-        w.generation < newest and history.index(w) > history.index(e) for w in writes)]
-''', "the lost writes are exactly"),
+    return [a for a, b in zip(writes, writes[1:]) if b.generation < a.generation]
+''', "the lost writes are exactly", "per invoice"),
+    "the victims grouped by invoice": ('''
+from collections import defaultdict
+def find_lost_updates(history):
+    committed = defaultdict(list)
+    for event in history:
+        if event.action == "write" and event.outcome == "ok":
+            committed[event.target].append(event)
+    return [earlier for writes in committed.values()
+            for earlier, later in zip(writes, writes[1:]) if later.generation < earlier.generation]
+''', "in the order they appear in the history", "in order"),
+    "the victims in the order they were overwritten": ('''
+def find_lost_updates(history):
+    last, lost = {}, []
+    for e in history:
+        if e.action == "write" and e.outcome == "ok":
+            if e.target in last and e.generation < last[e.target].generation:
+                lost.append(last[e.target])
+            last[e.target] = e
+    return lost
+''', "in the order they appear in the history", "in order"),
     "a constant: nothing is ever lost": ('''
 def find_lost_updates(history):
     return []
-''', "the lost writes are exactly"),
+''', "the lost writes are exactly", None),
 }
 
 # --------------------------------------------------------------------- 01.2 predict overwrite
@@ -476,23 +681,27 @@ PREDICT_WRONG = {
     "overwrites as soon as the lease has expired": ('''
 def predict_overwrite(pause, ttl):
     return pause > ttl
-''', "the prediction matches the real run"),
+''', "the prediction matches the real run", "edges"),
     "the tie goes the wrong way (>=)": ('''
 def predict_overwrite(pause, ttl):
     return pause >= ttl + 1.5
-''', "the prediction matches the real run"),
+''', "the prediction matches the real run", "edges"),
     "forgets B's work and expects the overwrite at expiry or after": ('''
 def predict_overwrite(pause, ttl):
     return pause >= ttl
-''', "the prediction matches the real run"),
+''', "the prediction matches the real run", "edges"),
     "thinks a longer lease is safe": ('''
 def predict_overwrite(pause, ttl):
     return ttl < 30 and pause > ttl + 1.5
-''', "the prediction matches the real run"),
+''', "the prediction matches the real run", ("far", "edges")),
+    "no overwrite once B's own lease has run out": ('''
+def predict_overwrite(pause, ttl):
+    return ttl + 1.5 < pause <= 2 * ttl
+''', "the prediction matches the real run", "far"),
     "a constant: always True": ('''
 def predict_overwrite(pause, ttl):
     return True
-''', "the prediction matches the real run"),
+''', "the prediction matches the real run", None),
 }
 
 # --------------------------------------------------------------------- 04.1 epoch issuer
@@ -528,28 +737,44 @@ ISSUE_WRONG = {
 def issue(store, authority, name, recovered):
     with transaction(store):
         return tuple(execute(store, NEXT, (name,))[0])
-''', "every token is above every token issued before it"),
+''', "every token is above every token issued before it", "above"),
     "a new epoch counted by the store itself (epoch + 1)": (_ISSUE + '''
 def issue(store, authority, name, recovered):
     with transaction(store):
         if recovered:
             execute(store, "UPDATE epoch_counter SET epoch = epoch + 1, counter = 0 WHERE name = ?", (name,))
         return tuple(execute(store, NEXT, (name,))[0])
-''', "every token is above every token issued before it"),
-    "a large constant added after recovery": (_ISSUE + '''
+''', "every token is above every token issued before it", "above"),
+    "a million added to the counter after recovery": (_ISSUE + '''
 def issue(store, authority, name, recovered):
     with transaction(store):
         if recovered:
             execute(store, "UPDATE epoch_counter SET counter = counter + 1000000 WHERE name = ?", (name,))
         return tuple(execute(store, NEXT, (name,))[0])
-''', "every token is above every token issued before it"),
+''', "every token is above every token issued before it", ("above", "steps")),
+    "the new epoch written, the counter not restarted": (_ISSUE + '''
+def issue(store, authority, name, recovered):
+    with transaction(store):
+        if recovered:
+            execute(store, "UPDATE epoch_counter SET epoch = ? WHERE name = ?", (authority.next_epoch(name), name))
+        return tuple(execute(store, NEXT, (name,))[0])
+''', "starts the counter again", "steps"),
+    "the token handed out before its transaction commits": (_ISSUE + '''
+def issue(store, authority, name, recovered):
+    if store.conn.in_transaction:
+        store.conn.execute("COMMIT")  # the previous token, at last
+    store.conn.execute("BEGIN IMMEDIATE")
+    if recovered:
+        execute(store, "UPDATE epoch_counter SET epoch = ?, counter = 0 WHERE name = ?", (authority.next_epoch(name), name))
+    return tuple(execute(store, NEXT, (name,))[0])
+''', "committed in the store", "committed"),
     "a new epoch for every token": (_ISSUE + '''
 def issue(store, authority, name, recovered):
     epoch = authority.next_epoch(name)
     with transaction(store):
         execute(store, "UPDATE epoch_counter SET epoch = ?, counter = 0 WHERE name = ?", (epoch, name))
         return tuple(execute(store, NEXT, (name,))[0])
-''', "once per recovery"),
+''', "once per recovery", "once"),
     "the new epoch kept in Python, never written to the store": (_ISSUE + '''
 EPOCH = {}
 def issue(store, authority, name, recovered):
@@ -558,11 +783,11 @@ def issue(store, authority, name, recovered):
     with transaction(store):
         epoch, counter = execute(store, NEXT, (name,))[0]
     return max(epoch, EPOCH.get(name, 0)), counter
-''', "committed in the store"),
+''', "committed in the store", "committed"),
     "a constant token": ('''
 def issue(store, authority, name, recovered):
     return (1, 1)
-''', "every token is above"),
+''', "every token is above", None),
 }
 
 # --------------------------------------------------------------------- 04.2 lease cleanup
@@ -601,7 +826,7 @@ def cleanup(conn, now):
         for name in names:
             execute(conn, "DELETE FROM lease_counter WHERE name = ?", (name,))
     return len(names)
-''', "above every generation ever issued"),
+''', "above every generation ever issued", "counter"),
     "re-creates the counter at 1 for a fresh start": (_CLEAN + '''
 def cleanup(conn, now):
     with transaction(conn):
@@ -609,17 +834,17 @@ def cleanup(conn, now):
         for name in names:
             execute(conn, "INSERT OR REPLACE INTO lease_counter(name, generation) VALUES (?, 1)", (name,))
     return len(names)
-''', "above every generation ever issued"),
+''', "above every generation ever issued", "counter"),
     "a lease at exactly its expiry counted as alive (expires_at < now)": (_CLEAN + '''
 def cleanup(conn, now):
     with transaction(conn):
         return rowcount(conn, "DELETE FROM leases WHERE expires_at < ?", (now,))
-''', "deletes every lease that has expired at now"),
+''', "deletes every lease that has expired at now", "expired deleted"),
     "expired counted from now + ttl (deletes leases that still run)": (_CLEAN + '''
 def cleanup(conn, now):
     with transaction(conn):
         return rowcount(conn, "DELETE FROM leases WHERE expires_at < ? + ttl", (now,))
-''', "never deletes a lease that is unexpired at now"),
+''', "never deletes a lease that is unexpired at now", "live kept"),
     "read, then delete by name and owner (a renewal lands in between)": (_CLEAN + '''
 def cleanup(conn, now):
     expired = execute(conn, "SELECT name, owner FROM leases WHERE expires_at <= ?", (now,))
@@ -627,16 +852,23 @@ def cleanup(conn, now):
         for name, owner in expired:
             execute(conn, "DELETE FROM leases WHERE name = ? AND owner = ?", (name, owner))
     return len(expired)
-''', "never deletes a lease that is unexpired at now"),
+''', "never deletes a lease that is unexpired at now", "live kept"),
     "one autocommitted DELETE per expired name": (_CLEAN + '''
 def cleanup(conn, now):
     names = [name for (name,) in execute(conn, "SELECT name FROM leases WHERE expires_at <= ?", (now,))]
     return sum(rowcount(conn, "DELETE FROM leases WHERE name = ? AND expires_at <= ?", (name, now)) for name in names)
-''', "commit together, in one transaction"),
+''', "commit together, in one transaction", "one transaction"),
+    "counts the expired rows first, outside the transaction that deletes them": (_CLEAN + '''
+def cleanup(conn, now):
+    (count,) = execute(conn, "SELECT count(*) FROM leases WHERE expires_at <= ?", (now,))[0]
+    with transaction(conn):
+        execute(conn, "DELETE FROM leases WHERE expires_at <= ?", (now,))
+    return count
+''', "returns how many lease rows it deleted", "count"),
     "a constant: reports nothing deleted": ('''
 def cleanup(conn, now):
     return 0
-''', "deletes every lease that has expired at now"),
+''', "deletes every lease that has expired at now", None),
 }
 
 CORPUS = {

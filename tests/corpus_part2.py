@@ -25,27 +25,27 @@ DEADLINE_WRONG = {
     "no margin": ('''
 def conservative_deadline(send_time, ttl, margin, max_drift):
     return send_time + ttl * (1 - max_drift)
-''', "leaves the margin"),
+''', "leaves the margin", "margin"),
     "ignores drift": ('''
 def conservative_deadline(send_time, ttl, margin, max_drift):
     return send_time + ttl - margin
-''', "leaves the margin"),
+''', "leaves the margin", "margin"),
     "drift in the wrong direction": ('''
 def conservative_deadline(send_time, ttl, margin, max_drift):
     return send_time + ttl * (1 + max_drift) - margin
-''', "leaves the margin"),
+''', "leaves the margin", "margin"),
     "drift taken as seconds, not a fraction": ('''
 def conservative_deadline(send_time, ttl, margin, max_drift):
     return send_time + ttl - max_drift - margin
-''', "leaves the margin"),
+''', "leaves the margin", "margin"),
     "constant": ('''
 def conservative_deadline(send_time, ttl, margin, max_drift):
     return 0.0
-''', "gives away no more of the lease"),
+''', "gives away no more of the lease", None),
     "gives up at once (the send time)": ('''
 def conservative_deadline(send_time, ttl, margin, max_drift):
     return send_time
-''', "gives away no more of the lease"),
+''', "gives away no more of the lease", "tight"),
 }
 
 # --------------------------------------------------------------------- 05.2 holder loop
@@ -100,13 +100,13 @@ HOLDER_WRONG = {
     "deadline counted from the response's arrival": (_LOOP.replace(
         "                deadline = conservative_deadline(sent, ttl, margin, max_drift)",
         "                deadline = conservative_deadline(clock.now(), ttl, margin, max_drift)"),
-        "after the conservative deadline"),
+        "after the conservative deadline", "deadline"),
     "no margin": (_LOOP.replace("conservative_deadline(acquired_at, ttl, margin, max_drift)",
                                 "conservative_deadline(acquired_at, ttl, 0.0, max_drift)").replace(
         "conservative_deadline(sent, ttl, margin, max_drift)", "conservative_deadline(sent, ttl, 0.0, max_drift)"),
-        "after the conservative deadline"),
+        "after the conservative deadline", "deadline"),
     "ignores drift": (_LOOP.replace("ttl, margin, max_drift)\n", "ttl, margin, 0.0)\n"),
-                      "after the conservative deadline"),
+                      "after the conservative deadline", "deadline"),
     "keeps working while renewal is uncertain": ('''
 from labkit.mechanisms.timing import conservative_deadline
 
@@ -117,7 +117,7 @@ def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):
             sent = clock.now()
             if renew():
                 deadline = conservative_deadline(sent, ttl, margin, max_drift)
-''', "after the conservative deadline"),
+''', "after the conservative deadline", "deadline"),
     "checks the deadline only when renewing": ('''
 from labkit.mechanisms.timing import conservative_deadline
 
@@ -131,7 +131,7 @@ def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):
             deadline = conservative_deadline(sent, ttl, margin, max_drift)
         if not work():
             return
-''', "after the conservative deadline"),
+''', "after the conservative deadline", "deadline"),
     "never renews": ('''
 from labkit.mechanisms.timing import conservative_deadline
 
@@ -139,19 +139,33 @@ def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):
     deadline = conservative_deadline(acquired_at, ttl, margin, max_drift)
     while clock.now() < deadline and work():
         pass
-''', "finishes the job"),
+''', "finishes the job", "finishes"),
     "does nothing (a constant)": ('''
 def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):
     return None
-''', "finishes the job"),
-    "waits for time to pass on its own": ('''
+''', "finishes the job", None),
+    "waits for time to pass on its own (never works: scores nothing)": ('''
 from labkit.mechanisms.timing import conservative_deadline
 
 def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):
     deadline = conservative_deadline(acquired_at, ttl, margin, max_drift)
     while clock.now() < deadline - ttl / 2:
         pass
-''', "the holder loop ends"),
+''', "the holder loop ends", None),
+    "keeps renewing until a renewal is confirmed": ('''
+from labkit.mechanisms.timing import conservative_deadline
+
+def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):
+    deadline = conservative_deadline(acquired_at, ttl, margin, max_drift)
+    window = deadline - acquired_at
+    while True:
+        if clock.now() < deadline and not work():
+            return
+        if deadline - clock.now() < window / 2:
+            sent = clock.now()
+            if renew():
+                deadline = conservative_deadline(sent, ttl, margin, max_drift)
+''', "keeps renewing without working or stopping", "ends"),
 }
 
 # --------------------------------------------------------------------- 06.1 release
@@ -193,19 +207,19 @@ from labkit.db import rowcount
 
 def release(db, name, owner, generation):
     return rowcount(db, "DELETE FROM leases WHERE name = ? AND owner = ?", (name, owner)) == 1
-''', "answers False when A re-acquired"),
+''', "answers False when A re-acquired", ("answers", "own only")),
     "checks only the generation": ('''
 from labkit.db import rowcount
 
 def release(db, name, owner, generation):
     return rowcount(db, "DELETE FROM leases WHERE name = ? AND generation = ?", (name, generation)) == 1
-''', "presents A's generation"),
+''', "presents A's generation", ("answers", "own only")),
     "deletes by name (no check at all)": ('''
 from labkit.db import rowcount
 
 def release(db, name, owner, generation):
     return rowcount(db, "DELETE FROM leases WHERE name = ?", (name,)) == 1
-''', "answers False when"),
+''', "answers False when", ("answers", "own only", "race")),
     "read, compare in Python, then delete by name": ('''
 from labkit.db import execute
 
@@ -215,13 +229,13 @@ def release(db, name, owner, generation):
         execute(db, "DELETE FROM leases WHERE name = ?", (name,))
         return True
     return False
-''', "took over between the release's statements"),
+''', "took over between the release's statements", "race"),
     "forgets the lease's name": ('''
 from labkit.db import rowcount
 
 def release(db, name, owner, generation):
     return rowcount(db, "DELETE FROM leases WHERE owner = ? AND generation = ?", (owner, generation)) > 0
-''', "deletes the caller's lease only"),
+''', "deletes the caller's lease only", "own only"),
     "deletes the generation counter too": ('''
 from labkit.db import rowcount
 
@@ -230,19 +244,31 @@ def release(db, name, owner, generation):
                  (name, owner, generation))
     rowcount(db, "DELETE FROM lease_counter WHERE name = ?", (name,))
     return n == 1
-''', "never touches the permanent generation counter"),
+''', "never touches the permanent generation counter", "counter"),
     "constant True": ('''
 def release(db, name, owner, generation):
     return True
-''', "deletes the caller's lease only"),
+''', "deletes the caller's lease only", None),
+    "constant False": ('''
+def release(db, name, owner, generation):
+    return False
+''', "answers True when A releases its own live lease", None),
+    "releasing nothing counts as released": ('''
+from labkit.db import execute, rowcount
+
+def release(db, name, owner, generation):
+    if rowcount(db, "DELETE FROM leases WHERE name = ? AND owner = ? AND generation = ?",
+                (name, owner, generation)) == 1:
+        return True
+    return not execute(db, "SELECT 1 FROM leases WHERE name = ?", (name,))  # nothing held: done
+''', "answers False when nothing is held", "answers"),
 }
 
 # --------------------------------------------------------------------- 06.2 backoff
 BACKOFF_RIGHT = {
-    "equal jitter (half fixed, half random)": '''
+    "a bit shift, scaled by rng.random()": '''
 def backoff(attempt, *, base, cap, rng):
-    ceiling = min(cap, base * 2 ** attempt)
-    return ceiling / 2 + rng.uniform(0, ceiling / 2)
+    return min(cap, base * (1 << attempt)) * rng.random()
 ''',
     "full jitter with rng.random() and a loop": '''
 def backoff(attempt, *, base, cap, rng):
@@ -259,35 +285,40 @@ BACKOFF_WRONG = {
     "no jitter": ('''
 def backoff(attempt, *, base, cap, rng):
     return min(cap, base * 2 ** attempt)
-''', "delays are jittered"),
+''', "delays are jittered", "full jitter"),
     "jitter from the global random": ('''
 import random
 
 def backoff(attempt, *, base, cap, rng):
     return random.uniform(0, min(cap, base * 2 ** attempt))
-''', "the same seed gives the same delay"),
+''', "the same seed gives the same delay", "rng"),
     "no cap": ('''
 def backoff(attempt, *, base, cap, rng):
     return rng.uniform(0, base * 2 ** attempt)
-''', "every delay lies in"),
+''', "every delay lies in", "range"),
     "its own fixed-seed rng": ('''
 import random
 
 def backoff(attempt, *, base, cap, rng):
     return random.Random(42).uniform(0, min(cap, base * 2 ** attempt))
-''', "delays are jittered"),
+''', "delays are jittered", ("full jitter", "growth")),
     "linear growth": ('''
 def backoff(attempt, *, base, cap, rng):
     return rng.uniform(0, min(cap, base * (attempt + 1)))
-''', "exponential growth"),
+''', "exponential growth", "growth"),
     "jitter added on top of the ceiling": ('''
 def backoff(attempt, *, base, cap, rng):
     return min(cap, base * 2 ** attempt) + rng.uniform(0, base)
-''', "every delay lies in"),
+''', "every delay lies in", ("range", "full jitter")),
+    "equal jitter (half fixed, half random)": ('''
+def backoff(attempt, *, base, cap, rng):
+    ceiling = min(cap, base * 2 ** attempt)
+    return ceiling / 2 + rng.uniform(0, ceiling / 2)
+''', "full jitter", "full jitter"),
     "constant": ('''
 def backoff(attempt, *, base, cap, rng):
     return 0.5
-''', "every delay lies in"),
+''', "every delay lies in", None),
 }
 
 # --------------------------------------------------------------------- 07.1 sweeper
@@ -327,7 +358,7 @@ def sweep(db, now, older_than):
     rows = execute(db, "UPDATE claims SET owner = NULL, state = 'queued' WHERE updated_at <= ? RETURNING job",
                    (now - older_than,))
     return [job for (job,) in rows]
-''', "finished alone"),
+''', "finished alone", "leaves others"),
     "read, then update by job": ('''
 from labkit.db import execute
 
@@ -336,7 +367,7 @@ def sweep(db, now, older_than):
     for (job,) in stale:
         execute(db, "UPDATE claims SET owner = NULL, state = 'queued' WHERE job = ?", (job,))
     return [job for (job,) in stale]
-''', "moved on after it was read"),
+''', "moved on after it was read", "unchanged only"),
     "checks the state again but not that the claim is unchanged": ('''
 from labkit.db import execute, rowcount
 
@@ -345,7 +376,7 @@ def sweep(db, now, older_than):
     return [job for (job,) in stale
             if rowcount(db, "UPDATE claims SET owner = NULL, state = 'queued' WHERE job = ? AND state = 'claimed'",
                         (job,))]
-''', "moved on after it was read"),
+''', "moved on after it was read", "unchanged only"),
     "requeues finished claims too": ('''
 from labkit.db import execute
 
@@ -353,7 +384,7 @@ def sweep(db, now, older_than):
     rows = execute(db, "UPDATE claims SET owner = NULL, state = 'queued' WHERE state != 'queued' "
                        "AND updated_at <= ? RETURNING job", (now - older_than,))
     return [job for (job,) in rows]
-''', "finished alone"),
+''', "finished alone", "leaves others"),
     "throws the progress away": ('''
 from labkit.db import execute
 
@@ -361,11 +392,39 @@ def sweep(db, now, older_than):
     rows = execute(db, "UPDATE claims SET owner = NULL, state = 'queued', progress = 0 "
                        "WHERE state = 'claimed' AND updated_at <= ? RETURNING job", (now - older_than,))
     return [job for (job,) in rows]
-''', "keeping its progress"),
+''', "keeping its progress", "keeps progress"),
+    "leaves the owner set": ('''
+from labkit.db import execute
+
+def sweep(db, now, older_than):
+    rows = execute(db, "UPDATE claims SET state = 'queued' WHERE state = 'claimed' AND updated_at <= ? "
+                       "RETURNING job", (now - older_than,))
+    return [job for (job,) in rows]
+''', "has its owner cleared", "owner cleared"),
+    "requeues only the oldest claim each run": ('''
+from labkit.db import execute
+
+def sweep(db, now, older_than):
+    rows = execute(db, """UPDATE claims SET owner = NULL, state = 'queued', version = version + 1
+                           WHERE job = (SELECT job FROM claims WHERE state = 'claimed' AND updated_at <= ?
+                                        ORDER BY updated_at LIMIT 1) RETURNING job""", (now - older_than,))
+    return [job for (job,) in rows]
+''', "requeues every claim unfinished", "requeues old"),
+    "returns the candidates it read, not those it requeued": ('''
+from labkit.db import execute, rowcount
+
+def sweep(db, now, older_than):
+    seen = execute(db, "SELECT job, version FROM claims WHERE state = 'claimed' AND updated_at <= ?",
+                   (now - older_than,))
+    for job, version in seen:
+        rowcount(db, "UPDATE claims SET owner = NULL, state = 'queued', version = version + 1 "
+                     "WHERE job = ? AND state = 'claimed' AND version = ?", (job, version))
+    return [job for job, _ in seen]
+''', "returns the jobs it requeued", "returns jobs"),
     "constant": ('''
 def sweep(db, now, older_than):
     return []
-''', "requeues every old unfinished claim"),
+''', "requeues every claim unfinished", None),
 }
 
 # --------------------------------------------------------------------- 07.2 resume
@@ -422,13 +481,13 @@ def run_job(claims, claim, units, issue_invoice, *, every):
 '''
 
 RESUME_WRONG = {
-    "no operation id": (_RESUME.replace("EFFECT", "issue_invoice(tx, unit, amount)"), "never repeats an invoice"),
+    "no operation id": (_RESUME.replace("EFFECT", "issue_invoice(tx, unit, amount)"), "never repeats an invoice", "no repeat"),
     "the generation in the operation id": (_RESUME.replace(
         "EFFECT", "run_once(tx, f'{claim.job}/{unit}@{claim.generation}', lambda tx: issue_invoice(tx, unit, amount))"),
-        "never repeats an invoice"),
+        "never repeats an invoice", "no repeat"),
     "a fresh operation id per attempt": (_RESUME.replace(
         "EFFECT", "import uuid; run_once(tx, str(uuid.uuid4()), lambda tx: issue_invoice(tx, unit, amount))"),
-        "never repeats an invoice"),
+        "never repeats an invoice", "no repeat"),
     "checkpoint after every unit, in its own transaction first": ('''
 from labkit import Fence
 
@@ -441,11 +500,61 @@ def run_job(claims, claim, units, issue_invoice, *, every):
         with fence.guard(claim.generation) as tx:
             issue_invoice(tx, unit, amount)
     claims.finish(claim)
-''', "never repeats an invoice"),
+''', "the checkpoint commits in the fenced transaction", ("checkpoint in tx", "every unit", "no repeat")),
+    "no fence at all: an unfenced transaction per unit": ('''
+from labkit import run_once
+from labkit.fence import unfenced
+
+def run_job(claims, claim, units, issue_invoice, *, every):
+    for i in range(claim.progress, len(units)):
+        unit, amount = units[i]
+        with unfenced(claims.db, claim.generation) as tx:
+            run_once(tx, f"{claim.job}/{unit}", lambda tx: issue_invoice(tx, unit, amount))
+            if (i + 1) % every == 0 or i + 1 == len(units):
+                claims.checkpoint(claim, i + 1, tx=tx)
+    claims.finish(claim)
+''', "refused by the fence", "stale refused"),
+    "the checkpoint in its own transaction, after the unit's": ('''
+from labkit import Fence, run_once
+
+def run_job(claims, claim, units, issue_invoice, *, every):
+    fence = Fence(claims.db, claim.job)
+    for i in range(claim.progress, len(units)):
+        unit, amount = units[i]
+        with fence.guard(claim.generation) as tx:
+            run_once(tx, f"{claim.job}/{unit}", lambda tx: issue_invoice(tx, unit, amount))
+        if (i + 1) % every == 0 or i + 1 == len(units):
+            claims.checkpoint(claim, i + 1)
+    claims.finish(claim)
+''', "the checkpoint commits in the fenced transaction", "checkpoint in tx"),
+    "every unit in one fenced transaction": ('''
+from labkit import Fence, run_once
+
+def run_job(claims, claim, units, issue_invoice, *, every):
+    with Fence(claims.db, claim.job).guard(claim.generation) as tx:
+        for i in range(claim.progress, len(units)):
+            unit, amount = units[i]
+            run_once(tx, f"{claim.job}/{unit}", lambda tx: issue_invoice(tx, unit, amount))
+            if (i + 1) % every == 0 or i + 1 == len(units):
+                claims.checkpoint(claim, i + 1, tx=tx)
+    claims.finish(claim)
+''', "each invoice commits in its own fenced transaction", "own transaction"),
+    "a checkpoint after every unit": (_RESUME.replace(
+        "EFFECT", "run_once(tx, f'{claim.job}/{unit}', lambda tx: issue_invoice(tx, unit, amount))").replace(
+        "if (i + 1) % every == 0 or i + 1 == len(units):", "if True:"),
+        "at most once per", "checkpoints rarely"),
+    "resumes one unit past the checkpoint": (_RESUME.replace(
+        "EFFECT", "run_once(tx, f'{claim.job}/{unit}', lambda tx: issue_invoice(tx, unit, amount))").replace(
+        "range(claim.progress, len(units))", "range(claim.progress + 1, len(units))"),
+        "every unit gets its invoice", "every unit"),
+    "never marks the claim done": (_RESUME.replace(
+        "EFFECT", "run_once(tx, f'{claim.job}/{unit}', lambda tx: issue_invoice(tx, unit, amount))").replace(
+        "    claims.finish(claim)\n", ""),
+        "the job ends done", "finishes"),
     "constant": ('''
 def run_job(claims, claim, units, issue_invoice, *, every):
     return None
-''', "every unit gets its invoice"),
+''', "every unit gets its invoice", None),
 }
 
 # --------------------------------------------------------------------- 08.1 relay
@@ -487,7 +596,7 @@ def relay(db, mail):
         e = json.loads(payload)
         d = mail.send(e["to"], e["subject"], e["body"])
         execute(db, "UPDATE outbox SET state = 'sent', provider_id = ? WHERE key = ?", (d.id, key))
-''', "delivered exactly once"),
+''', "delivered exactly once", "never twice"),
     "marks sent before sending": ('''
 import json
 from labkit.db import execute
@@ -497,7 +606,7 @@ def relay(db, mail):
         e = json.loads(payload)
         execute(db, "UPDATE outbox SET state = 'sent' WHERE key = ?", (key,))
         mail.send(e["to"], e["subject"], e["body"], idempotency_key=key)
-''', "delivered exactly once"),
+''', "every committed email intent is delivered", "never lost"),
     "resends every row, without a key": ('''
 import json
 from labkit.db import execute
@@ -507,7 +616,7 @@ def relay(db, mail):
         e = json.loads(payload)
         mail.send(e["to"], e["subject"], e["body"])
         execute(db, "UPDATE outbox SET state = 'sent' WHERE key = ?", (key,))
-''', "delivered exactly once"),
+''', "delivered exactly once", "never twice"),
     "a fresh key per attempt": ('''
 import json, uuid
 from labkit.db import execute
@@ -517,11 +626,30 @@ def relay(db, mail):
         e = json.loads(payload)
         mail.send(e["to"], e["subject"], e["body"], idempotency_key=str(uuid.uuid4()))
         execute(db, "UPDATE outbox SET state = 'sent' WHERE key = ?", (key,))
-''', "delivered exactly once"),
+''', "delivered exactly once", "never twice"),
+    "never marks the rows sent": ('''
+import json
+from labkit.db import execute
+
+def relay(db, mail):
+    for key, payload in execute(db, "SELECT key, payload FROM outbox WHERE kind = 'email' AND state = 'pending'"):
+        e = json.loads(payload)
+        mail.send(e["to"], e["subject"], e["body"], idempotency_key=key)
+''', "every delivered intent is marked sent", "marked sent"),
+    "marks every pending row sent at the end": ('''
+import json
+from labkit.db import execute
+
+def relay(db, mail):
+    for key, payload in execute(db, "SELECT key, payload FROM outbox WHERE kind = 'email' AND state = 'pending'"):
+        e = json.loads(payload)
+        mail.send(e["to"], e["subject"], e["body"], idempotency_key=key)
+    execute(db, "UPDATE outbox SET state = 'sent' WHERE state = 'pending'")
+''', "leaves other kinds of intent alone", "others alone"),
     "constant": ('''
 def relay(db, mail):
     return 3
-''', "delivered exactly once"),
+''', "every committed email intent is delivered", None),
 }
 
 # --------------------------------------------------------------------- 08.2 publish
@@ -548,32 +676,61 @@ def publish_report(generation, *, fence, files, outbox, mail, report, email):
 }
 
 PUBLISH_WRONG = {
+    "sends it directly too, after the commit, under the intent's key": ('''
+def publish_report(generation, *, fence, files, outbox, mail, report, email):
+    key = "report-email:" + fence.job
+    with fence.guard(generation) as tx:
+        outbox.add(tx, key, "email", dict(email))
+        files.write("report.txt", report, generation, tx=tx)
+    try:  # quicker than waiting for the relay; the key keeps it to one email
+        mail.send(email["to"], email["subject"], email["body"], idempotency_key=key)
+    except Exception:
+        pass
+    return True
+''', "never calls the email provider itself", "via outbox"),
     "email sent before the fenced commit": ('''
 def publish_report(generation, *, fence, files, outbox, mail, report, email):
     mail.send(email["to"], email["subject"], email["body"], idempotency_key=fence.job + "/report-email")
     files.write("report.txt", report, generation)
-''', "a stale worker's email never goes out"),
+''', "never calls the email provider itself", ("via outbox", "together", "one email", "current report")),
     "email sent after the commit, directly": ('''
 def publish_report(generation, *, fence, files, outbox, mail, report, email):
     files.write("report.txt", report, generation)
     mail.send(email["to"], email["subject"], email["body"], idempotency_key=fence.job + "/report-email")
-''', "exactly one email"),
+''', "never calls the email provider itself", ("via outbox", "together", "one email")),
     "the intent recorded outside the file's transaction": ('''
 def publish_report(generation, *, fence, files, outbox, mail, report, email):
     files.write("report.txt", report, generation)
     with fence.guard(generation) as tx:
         outbox.add(tx, fence.job + "/report-email", "email", email)
-''', "commit together or not at all"),
+''', "commit together or not at all", "together"),
     "the generation in the intent's key": ('''
 def publish_report(generation, *, fence, files, outbox, mail, report, email):
     with fence.guard(generation) as tx:
         files.write("report.txt", report, generation, tx=tx)
         outbox.add(tx, f"{fence.job}/report-email@{generation}", "email", email)
-''', "exactly one email"),
+''', "exactly one email", "one email"),
+    "skips the step when its email intent is already there": ('''
+def publish_report(generation, *, fence, files, outbox, mail, report, email):
+    with fence.guard(generation) as tx:
+        if outbox.add(tx, f"{fence.job}/report-email", "email", email):
+            files.write("report.txt", report, generation, tx=tx)
+''', "the committed report is the current owner's", "current report"),
+    "sends directly first, with the intent as a fallback": ('''
+def publish_report(generation, *, fence, files, outbox, mail, report, email):
+    key = f"{fence.job}/report-email"
+    try:
+        mail.send(email["to"], email["subject"], email["body"], idempotency_key=key)
+    except Exception:
+        pass  # the outbox will send it
+    with fence.guard(generation) as tx:
+        files.write("report.txt", report, generation, tx=tx)
+        outbox.add(tx, key, "email", email)
+''', "never calls the email provider itself", ("via outbox", "one email")),
     "constant": ('''
 def publish_report(generation, *, fence, files, outbox, mail, report, email):
     return True
-''', "the committed report is the current owner's"),
+''', "the committed report is the current owner's", None),
 }
 
 # --------------------------------------------------------------------- 09.1 incidents
@@ -621,18 +778,21 @@ def mechanism(incident):
 
 INCIDENT_WRONG = {
     "a fence for the double charge": (_PICKS.replace('"double-charge": "idempotency key"',
-                                                     '"double-charge": "fence"'), "needs the idempotency key"),
+                                                     '"double-charge": "fence"'), "needs the idempotency key", "once"),
     "a longer lease for the frozen export": (_PICKS.replace('"frozen-export": "fence"', '"frozen-export": "lease"'),
-                                             "needs the fence"),
+                                             "needs the fence", "who may act"),
     "an idempotency key for the stale email": (_PICKS.replace('"stale-email": "outbox"',
-                                                              '"stale-email": "idempotency key"'), "needs the outbox"),
-    "a large constant instead of a new epoch": (_PICKS.replace('"restored-counter": "new epoch"',
+                                                              '"stale-email": "idempotency key"'), "needs the outbox", "once"),
+    "a big jump of the counter instead of a new epoch": (_PICKS.replace('"restored-counter": "new epoch"',
                                                                '"restored-counter": "add a large constant"'),
-                                                "is one of"),
+                                                "is one of", "who may act"),
+    "a fence for the stuck release (a stale release is like a stale write)": (
+        _PICKS.replace('"stuck-release": "owner and generation check"', '"stuck-release": "fence"'),
+        "needs the owner and generation check", "in time"),
     "constant": ('''
 def mechanism(incident):
     return "fence"
-''', "needs the lease"),
+''', "needs the lease", None),
 }
 
 CORPUS = {

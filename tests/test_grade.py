@@ -146,14 +146,16 @@ def test_cli_writes_scorecard_junit_and_csv(graded, tmp_path):
     assert rows[0][:4] == ["student", "05.1", "05.2", "total"]
     assert rows[1][:4] == ["constant", "0/10", "10/10", "10/20"]
     broken = [line for line in out.stdout.splitlines() if line.startswith("  constant 05.1: ")]
-    assert broken and all("labkit.grading.replay('05.1', conservative_deadline, seed=" in b for b in broken)
+    seeded = [b for b in broken if "(seed " in b]
+    assert seeded and all("labkit.grading.replay('05.1', conservative_deadline, seed=" in b for b in seeded)
+    assert all("(seed " in b or ": never checked: " in b for b in broken), broken
     junit = (tmp_path / "j.xml").read_text()
     assert junit.count("<testcase") == 2 and junit.count("<failure") == 1 and "seed" in junit
     assert 'name="points" value="0/10"' in junit and 'name="points" value="10/10"' in junit
     lines = (tmp_path / "c.csv").read_text().splitlines()
     assert lines[0].endswith(",total,total_possible") and all(line.endswith(",10,20") for line in lines[1:]), lines
     page = (tmp_path / "pages" / "constant.html").read_text()
-    assert "constant: 10/20 points" in page and page.count("data:image/png;base64,") == sum("(seed " in b for b in broken) > 0
+    assert "constant: 10/20 points" in page and page.count("data:image/png;base64,") == len(seeded)
 
 
 def test_a_partly_right_answer_scores_the_properties_it_keeps(graded):

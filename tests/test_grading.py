@@ -6,6 +6,7 @@ import concurrent.futures
 import importlib
 import json
 import multiprocessing
+import os
 import pathlib
 
 import pytest
@@ -14,7 +15,8 @@ import corpus_part1
 import corpus_part2
 import labkit
 import labkit.grading
-from answers import TAMPER, judged
+from labkit.grading.scores import Finding, Report
+from answers import TAMPER, define, judged
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CORPUS = {**corpus_part1.CORPUS, **corpus_part2.CORPUS}
@@ -27,23 +29,36 @@ def cases(kind: str):
 
 
 def test_every_task_has_enough_answers():
-    """Each task has at least two alternative right answers and four wrong ones, a constant among them."""
+    """Each task has at least two alternative right answers and four wrong ones, a constant
+    among them, and for each property a wrong answer that breaks that property alone."""
     for task_id, entry in CORPUS.items():
         assert len(entry["right"]) >= 2, task_id
         assert len(entry["wrong"]) >= 4 and any("constant" in k for k in entry["wrong"]), task_id
+        alone = {props for _, _, props in entry["wrong"].values() if isinstance(props, str)}
+        assert alone == set(labkit.grading.TASKS[task_id].properties), task_id
     assert set(CORPUS) == set(labkit.grading.TASKS)
+
+
+def test_every_task_declares_named_properties():
+    """Every task names at least two properties in plain words, and shares 10 points among them."""
+    for task_id, t in labkit.grading.TASKS.items():
+        assert len(t.properties) >= 2 and "" not in t.properties, task_id
+        assert all(len(words.split()) >= 4 for words in t.properties.values()), task_id
 
 
 @pytest.fixture(scope="module")
 def verdicts():
     """Every corpus answer, every stub and every tampering prefix judged, one sandbox per task."""
-    jobs = []
+    jobs, only = [], os.environ.get("LABKIT_TEST_TASKS")  # e.g. "02.1,02.2" while writing a check
     for task_id, entry in CORPUS.items():
-        constant = next(src for label, (src, _) in entry["wrong"].items() if "constant" in label)
+        if only and task_id not in only.split(","):
+            continue
+        constant = next(src for label, (src, *_) in entry["wrong"].items() if "constant" in label)
         sources = {("right", k): v for k, v in entry["right"].items()}
         sources |= {("wrong", k): v[0] for k, v in entry["wrong"].items()}
         sources[("stub", "")] = (f"def {entry['name']}(*args, **kwargs):\n"
                                  "    raise NotImplementedError('your answer goes here')\n")
+        sources[("empty", "")] = f"def {entry['name']}(*args, **kwargs):\n    pass\n"
         sources |= {("tamper", how): TAMPER[how] + constant for how in TAMPER}
         jobs.append((task_id, entry["name"], sources))
     fork = multiprocessing.get_context("fork")
@@ -54,34 +69,68 @@ def verdicts():
 
 @pytest.mark.parametrize("task_id,label", cases("right"))
 def test_alternative_correct_answers_pass(verdicts, task_id, label):
-    """A correct answer written in another style passes in the sandbox, with the fixed pass line."""
+    """A correct answer written in another style passes in the sandbox with full points: every
+    property checked by some schedule, and held by all."""
+    report = verdicts[task_id, "right", label]
     title = labkit.grading.TASKS[task_id].title
-    assert verdicts[task_id, "right", label] == (True, f"PASS {task_id}: {title} held under every schedule")
+    assert report.passed and report.total() == (10.0, 10.0), report.text()
+    assert report.text().startswith(f"PASS {task_id}: {title} held under every schedule (10/10 points)")
 
 
 @pytest.mark.parametrize("task_id,label", cases("wrong"))
-def test_known_wrong_answers_fail_naming_property_and_seed(verdicts, task_id, label):
-    """A known-wrong answer fails; the message names the broken property, the seed and a replay call."""
-    passed, message = verdicts[task_id, "wrong", label]
-    assert not passed, f"{label!r} passed"
-    assert CORPUS[task_id]["wrong"][label][1] in message, message
-    assert "(seed " in message and f"labkit.grading.replay({task_id!r}" in message, message
+def test_known_wrong_answers_break_exactly_their_properties(verdicts, task_id, label):
+    """A known-wrong answer breaks exactly the properties it is known to break, names each with
+    its seed and replay call, and scores every other; a constant scores nothing."""
+    report, (_, phrase, props) = verdicts[task_id, "wrong", label], CORPUS[task_id]["wrong"][label]
+    text = report.text()
+    assert not report.passed and phrase in text, text
+    if props is None:  # a constant
+        assert report.total()[0] == 0, text
+        return
+    want = {props} if isinstance(props, str) else set(props)
+    assert report.problem is None, text
+    assert {f.prop for f in report.findings if not f.scored} == want, text
+    assert all(f.broken for f in report.findings if f.prop in want), text
+    for f in report.findings:
+        if f.broken:
+            assert f"seed {f.broken.seed}," in text and f.broken.replay(task_id, report.answer) in text
 
 
 @pytest.mark.parametrize("task_id", TASKS)
 def test_unwritten_answer_fails(verdicts, task_id):
-    """The generated exercise's stub (raise NotImplementedError) fails its check."""
-    passed, message = verdicts[task_id, "stub", ""]
-    assert not passed and "it still raises NotImplementedError" in message, message
+    """The generated exercise's stub (raise NotImplementedError) scores nothing and says why."""
+    report = verdicts[task_id, "stub", ""]
+    assert report.total()[0] == 0 and "it still raises NotImplementedError" in report.text()
+
+
+@pytest.mark.parametrize("task_id", TASKS)
+def test_an_empty_answer_scores_nothing(verdicts, task_id):
+    """An answer whose body is ``pass`` (it returns None) scores 0 points, like a constant."""
+    report = verdicts[task_id, "empty", ""]
+    assert not report.passed and report.total()[0] == 0, report.text()
 
 
 @pytest.mark.parametrize("task_id", TASKS)
 @pytest.mark.parametrize("how", sorted(TAMPER))
 def test_tampering_with_the_grader_counts_for_nothing(verdicts, task_id, how):
-    """An answer cell that rebinds labkit.grading, then a constant answer: it still fails (the
+    """An answer cell that rebinds labkit.grading, then a constant answer: it still scores 0 (the
     sandbox has no labkit.grading to rebind, and the judge shares nothing with it)."""
-    passed, message = verdicts[task_id, "tamper", how]
-    assert not passed and task_id in message, message
+    report = verdicts[task_id, "tamper", how]
+    assert not report.passed and report.total()[0] == 0 and task_id in report.text(), report.text()
+
+
+@pytest.mark.parametrize("task_id,label", cases("wrong"))
+def test_every_replay_line_draws_the_answers_run(verdicts, task_id, label):
+    """Each replay line of a failure draws the failing run: a lane of the answer's own events,
+    not only the fence's (run in this process, as a student's kernel does)."""
+    from labkit.views.scene import lanes_of
+
+    report, entry = verdicts[task_id, "wrong", label], CORPUS[task_id]
+    answer = define(entry["wrong"][label][0], entry["name"])
+    for f in report.failed():
+        if f.broken and f.broken.seed is not None:
+            result = labkit.grading.replayed(task_id, answer, seed=f.broken.seed)
+            assert lanes_of(result.history, 14), (f.prop, result.history)
 
 
 def _run_exercise(name: str):
@@ -106,6 +155,8 @@ def test_unsolved_exercise_fails_exactly_at_its_check_cells(name):
             checks.append(i)
             assert errors and errors[0].ename == "CheckFailed", (i, cell.source)
             assert "NotImplementedError" in errors[0].evalue, errors[0].evalue
+            shown = "\n".join(errors[0].traceback)  # the scorecard alone: no frame of the grader's
+            assert "0/10 points" in shown and "labkit/grading" not in shown and "File " not in shown, shown
         elif errors and not cell.source.lstrip().startswith("# NBVAL_SKIP"):
             failed.append((i, errors[0].ename, errors[0].evalue))
     assert checks and not failed, failed
@@ -114,15 +165,17 @@ def test_unsolved_exercise_fails_exactly_at_its_check_cells(name):
 
 
 def test_solutions_store_the_pass_lines():
-    """Each solution's check cells store exactly the pass line of their task, and every task has one."""
+    """Each solution's check cells store exactly the full-points scorecard of their task (the pass
+    line, then each property with its points), and every task has one."""
     seen = set()
     for name in EXERCISES:
         for cell in json.loads((ROOT / "solutions" / f"{name}.ipynb").read_text())["cells"]:
             tags = [t[5:] for t in cell.get("metadata", {}).get("tags", []) if t.startswith("task:")]
             if tags:
                 text = "".join(o.get("text", "") for o in cell["outputs"])
-                title = labkit.grading.TASKS[tags[0]].title
-                assert text == f"PASS {tags[0]}: {title} held under every schedule\n", (name, text)
+                t = labkit.grading.TASKS[tags[0]]
+                full = Report(t.id, t.title, "answer", tuple(Finding(p, w, 1) for p, w in t.properties.items()))
+                assert text == full.text() + "\n", (name, text)
                 seen.add(tags[0])
     assert seen == set(TASKS)
 

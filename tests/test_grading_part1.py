@@ -20,8 +20,9 @@ def test_the_race_really_interleaves_two_connections():
     wrong = define(entry["wrong"]["check-then-act: read, compare in Python, write unconditionally"][0], entry["name"])
     schedule = next(s for s in labkit.grading.TASKS["02.1"].schedules if s.knobs.get("at") == 2)
     history: list = []
-    with pytest.raises(labkit.grading.Broken, match="refused and writes nothing"):
+    with pytest.raises(labkit.grading.Broken, match="refused \\(returns False\\) and writes nothing") as broken:
         labkit.grading.TASKS["02.1"].trial(wrong, schedule, history)
+    assert broken.value.prop == "stale"
     writes = [(e.worker, e.outcome, e.generation) for e in history if e.action == "write"]
     assert writes == [("B", "ok", 8), ("A", "ok", 7)]
 
@@ -38,18 +39,44 @@ def test_the_lock_really_keeps_b_out_while_a_is_inside():
         ("B", "write", "ok"), ("B", "raise", "ok"), ("A", "write", "rejected"), ("A", "write", "rejected")]
 
 
+def test_a_crash_left_open_replays_as_the_crashed_write():
+    """02.1 without ROLLBACK on error: the replay of the crash schedule draws B's crashed write, not an empty timeline."""
+    from labkit.views.scene import lanes_of
+
+    entry = CORPUS["02.1"]
+    wrong = define(entry["wrong"]["no rollback when the insert fails (a crash inside)"][0], entry["name"])
+    result = labkit.grading.replayed("02.1", wrong, seed=6)
+    assert [(e.worker, e.action, e.outcome) for e in result.history] == [("B", "write", "crashed")]
+    assert lanes_of(result.history, 14) and "every call ends its transaction" in result.verdict
+
+
+@pytest.mark.parametrize("task_id,args,value", [
+    (t, a, v) for t, a, values in [
+        ("02.1", "conn, job, invoice_id, amount, generation", ["True", "False", "None", "0"]),
+        ("03.1", "conn, job, generation, invoices", ["True", "False", "None", "1"]),
+        ("02.2", "conn, job, key, invoice_id, amount, generation", ["None", "0", "1", "2"]),
+    ] for v in values])
+def test_a_writer_that_sends_no_sql_scores_nothing(task_id, args, value):
+    """A constant writer sends no SQL: it may break rules, but no rule holds for it (0 points)."""
+    import contextlib
+
+    answer = define(f"def answer({args}):\n    return {value}\n", "answer")
+    report = labkit.grading.verdict(task_id, lambda: contextlib.nullcontext(answer), "answer")
+    assert report.total()[0] == 0 and not any(f.held for f in report.findings), report.text()
+
+
 def _cleanup_trial(label: str, kind: str, race: str, at: int):
-    """Run one 04.2 race schedule directly; return (broken property or None, the target holder's events)."""
+    """Run one 04.2 race schedule directly; return (the broken rule or None, the target holder's events)."""
     entry = CORPUS["04.2"]
     source = entry[kind][label] if kind == "right" else entry[kind][label][0]
     task = labkit.grading.TASKS["04.2"]
-    schedule = next(s for s in task.schedules if s.knobs["race"] == race and s.knobs["at"] == at)
+    schedule = next(s for s in task.schedules if s.knobs.get("race") == race and s.knobs.get("at") == at)
     history: list = []
     try:
         task.trial(define(source, entry["name"]), schedule, history)
         broken = None
     except labkit.grading.Broken as b:
-        broken = b.prop
+        broken = b.rule
     target = next(e.target for e in history if e.action in ("renew", "acquire") and e.worker != "I"
                   and e.target.startswith("late" if race == "renew" else "boundary"))
     holder = next(e.worker for e in history if e.target == target)
@@ -62,7 +89,8 @@ def test_a_renewal_between_read_and_delete_really_loses_its_lease():
     broken, events, history = _cleanup_trial("read, then delete by name and owner (a renewal lands in between)",
                                              "wrong", "renew", 2)
     assert broken and "never deletes a lease that is unexpired" in broken
-    assert events == [("holder", "acquire", "ok"), ("holder", "renew", "ok"), ("holder", "release", "ok")]
+    assert events == [("holder", "acquire", "ok"), ("holder", "renew", "ok"), ("holder", "release", "ok"),
+                      ("I", "acquire", "ok")]
     renewed = next(e for e in history if e.action == "renew")
     assert renewed.until > next(e.time for e in history if e.action == "cleanup")
 
@@ -85,5 +113,35 @@ def test_a_cleanup_that_drops_the_counter_really_reissues_old_generations():
     history: list = []
     with pytest.raises(labkit.grading.Broken, match="above every generation ever issued"):
         labkit.grading.TASKS["04.2"].trial(naive, labkit.grading.TASKS["04.2"].schedules[0], history)
-    assert [(e.worker, e.generation) for e in history if e.action == "acquire"][-1] == ("I", 1)
+    assert [e.generation for e in history if e.worker == "I" and e.target.startswith("expired")] == [1]
 
+
+
+def test_the_lost_writes_in_history_order_are_neither_grouped_nor_in_overwrite_order():
+    """01.1: in the three-workers story the victims' history order differs from grouping them by
+    invoice and from the order in which they were overwritten, so each answer is told apart."""
+    from labkit.grading.checks01 import _story
+
+    entry = CORPUS["01.1"]
+    schedule = next(s for s in labkit.grading.TASKS["01.1"].schedules if s.knobs["story"] == "several")
+    events = _story(schedule.rng, "several")
+    told = {label: [(e.worker, e.target) for e in define(source, entry["name"])(events)]
+            for label, source in [("right", entry["right"]["per invoice, the committed writes in order, then pairs"]),
+                                  *[(label, entry["wrong"][label][0]) for label in (
+                                      "the victims grouped by invoice", "the victims in the order they were overwritten")]]}
+    assert told == {"right": [("B", "INV-1"), ("B", "INV-3"), ("C", "INV-2")],
+                    "the victims grouped by invoice": [("B", "INV-1"), ("C", "INV-2"), ("B", "INV-3")],
+                    "the victims in the order they were overwritten": [("B", "INV-1"), ("C", "INV-2"), ("B", "INV-3")]}
+
+
+def test_every_prediction_property_sees_overwrites_and_safe_runs():
+    """01.2: each property's schedules include runs where A overwrites B and runs where it does
+    not, so always answering True or always False breaks every property."""
+    from labkit.grading.checks01 import EDGES
+
+    seen: dict = {}
+    for s in labkit.grading.TASKS["01.2"].schedules:
+        pause, ttl = s.knobs["pause"], s.knobs["ttl"]
+        prop = "edges" if EDGES[0] <= pause - ttl <= EDGES[1] else "far"
+        seen.setdefault(prop, set()).add(pause > ttl + 1.5)
+    assert seen == {"far": {True, False}, "edges": {True, False}}

@@ -1,14 +1,12 @@
 """Grading checks: run a student's answer under many schedules and say exactly what broke.
 
-A check cell runs ``importlib.reload(labkit.grading).check("02.1", fenced_insert)``. The check
-hands the kernel's cells so far (``In``) to the judge, a process of its own
-(:mod:`labkit.grading.judge`), which runs them in a sandboxed worker and the task's trials
-against the answer there: whatever the answer cell patches in the kernel, the judge does not
-share it. On success the check prints one fixed line (nbval compares it with the stored one);
-on failure it raises :class:`CheckFailed` naming the property, the schedule's seed and a
-one-line call that replays it as a timeline. A PASS printed in a notebook is feedback only:
-``python -m labkit.grade`` judges the notebook file itself. Tasks are registered with
-:func:`task` in ``labkit/grading/checksNN.py``, on the laboratory of :mod:`labkit.grading.lab`.
+A check cell runs ``importlib.reload(labkit.grading).check("02.1", fenced_insert)``: it hands
+the kernel's cells so far (``In``) to the judge, a process of its own (:mod:`labkit.grading.judge`)
+that runs them in a sandbox and the task's trials against the answer there. It prints the task's
+scorecard (:class:`~labkit.grading.scores.Report`: points per property; nbval compares it with
+the stored one), or raises :class:`CheckFailed` with it: each broken property, its seed and a
+call that replays it as a timeline. ``python -m labkit.grade`` judges the notebook file itself.
+Tasks are registered with :func:`task` in ``labkit/grading/checksNN.py``.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
-import re
 import sys
 from pathlib import Path
 from random import Random
@@ -24,9 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from labkit.errors import BadArgument, LabkitError
+from labkit.grading.lab import Schedule, hostile, schedules
 from labkit.grading.scores import Failure, Finding, Report, unrun
 
-__all__ = ["check", "replay", "task", "expect", "schedules", "hostile"]
+__all__ = ["check", "replay", "task", "expect", "expect_all", "schedules", "hostile"]
 __all__ += ["Schedule", "Broken", "CheckFailed", "TASKS", "PASS", "CHECK_MODULES"]
 __all__ += ["verdict", "Report", "replayed", "refused"]
 
@@ -43,54 +41,11 @@ CHECK_MODULES = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Schedule:
-    """One way the world can go during a trial.
-
-    Attributes:
-        seed: seeds the trial's ``random.Random`` (:attr:`rng`, fresh on every read).
-        knobs: named timings or choices, e.g. ``{"pause": 30, "ttl": 10}``.
-        name: a short label for hostile schedules, e.g. ``"A pauses inside the transaction"``.
-    """
-
-    seed: int
-    knobs: dict = field(default_factory=dict, hash=False)
-    name: str = "random"
-
-    @property
-    def rng(self) -> Random:
-        return Random(self.seed)
-
-
-def hostile(columns: str, *rows: tuple) -> list[dict]:
-    """Hostile schedules as a table: each row is a name, then the knobs named in ``columns``.
-
-    A shorter row leaves out the last knobs.
-    """
-    keys = ["name", *columns.split()]
-    return [dict(zip(keys, row)) for row in rows]
-
-
-def schedules(
-    hostile: Iterable[dict], *, count: int, make: Callable[[Random], dict], base: int = 1000
-) -> list[Schedule]:
-    """The hostile schedules (dicts of a ``name`` and knobs), then ``count`` random ones.
-
-    The random ones have seeds ``base``, ``base + 1``, ... and knobs ``make(Random(seed))``.
-    """
-    out = [
-        Schedule(i, {k: v for k, v in h.items() if k != "name"}, h.get("name", f"hostile {i}"))
-        for i, h in enumerate(hostile)
-    ]
-    out += [Schedule(s, make(Random(s))) for s in range(base, base + count)]
-    return out
-
-
 class Broken(Exception):
     """Raised inside a trial when a property does not hold (use :func:`expect`)."""
 
-    def __init__(self, prop: str, rule: str, detail: str = "") -> None:
-        self.prop, self.rule, self.detail = prop, rule, detail
+    def __init__(self, prop: str, rule: str, detail: str = "", more: tuple = ()) -> None:
+        self.prop, self.rule, self.detail, self.more = prop, rule, detail, more
         super().__init__(f"{prop}: {rule}: {detail}")
 
 
@@ -105,6 +60,22 @@ def expect(condition: bool, rule: str, detail: str = "", prop: str = "") -> None
         raise Broken(prop, rule, detail)
     if _EVIDENCE:
         _EVIDENCE[-1].add(prop)
+
+
+def expect_all(checks, *, acted: bool = True) -> None:
+    """Judge every ``(condition, rule, detail, prop)`` of one step, then raise one Broken for all
+    that broke (``more`` holds the rest): a rule that held is evidence even beside a broken one,
+    but only if the answer ``acted`` (a call that did nothing can break rules, not keep them)."""
+    broken = []
+    for condition, rule, detail, prop in checks:
+        try:
+            if acted or not condition:
+                expect(condition, rule, detail, prop)
+        except Broken as b:
+            broken.append(b)
+    if broken:
+        first = broken[0]
+        raise Broken(first.prop, first.rule, first.detail, more=tuple(broken[1:]))
 
 
 #: why an answer scores nothing at all: it is not written, crashed, or broke the boundary
@@ -212,8 +183,11 @@ def verdict(task_id: str, answers, name: str) -> Report:
             if b.prop in PROBLEMS:
                 problem = Finding(b.prop, PROBLEMS[b.prop], 0, fail)
                 return Report(t.id, t.title, name, _found(t, held, broken), problem)
-            seen.add(b.prop)
-            broken.setdefault(b.prop, fail)
+            for each in (b, *b.more):
+                seen.add(each.prop)
+                broken.setdefault(
+                    each.prop, dataclasses.replace(fail, rule=each.rule, detail=each.detail)
+                )
         finally:
             _EVIDENCE.pop()
         if seen - set(t.properties):
@@ -230,18 +204,13 @@ def _found(t: Task, held: dict, broken: dict) -> tuple[Finding, ...]:
 
 def refused(task_id: str, why: str, name: str = "answer") -> Report:
     """The report of ``task_id`` when its answer could not be run at all (``why``)."""
-    t = tasks_loaded().get(task_id)
-    if t is None:
-        return unrun(task_id, why, answer=name)
+    t = tasks_loaded().get(task_id) or Task(task_id, task_id, print, ())
     return unrun(t.id, why, title=t.title, answer=name, props=t.properties)
 
 
 def check(task_id: str, answer: Any) -> None:
-    """Judge the kernel's cells so far (``In``) for ``task_id`` out of process; print the pass line.
-
-    Raises :class:`CheckFailed` (the property, the seed, a replay call) or BadArgument (no such
-    task, or not in a notebook).
-    """
+    """Judge the kernel's cells so far (``In``) for ``task_id`` out of process; print the
+    scorecard. Raises :class:`CheckFailed` (with it), or BadArgument (no such task, no notebook)."""
     import json
     import subprocess
 

@@ -1,7 +1,7 @@
 """Grading checks of exercise 01 (registered in :mod:`labkit.grading`).
 
-* 01.1 finding the lost updates in a recorded history (the lost writes are known
-  by construction).
+* 01.1 finding the lost updates in a recorded history; a wrong set is blamed on the
+  property whose typical mistake (another finder) explains it best.
 * 01.2 predicting the overwrite: compared with a real unprotected run of
   :func:`labkit.scenarios.expired_but_alive`, boundaries included.
 """
@@ -17,18 +17,13 @@ from labkit.sim.history import Event
 # ---------------------------------------------------------------- 01.1: lost updates in a history
 
 
-def _story(rng: Random, story: str) -> tuple[list, list]:
-    """A recorded history and, known by construction, the writes whose work was lost."""
-    events, lost, last, clock = [], [], {}, [rng.choice([0.0, 100.0, 3600.0])]
+def _story(rng: Random, story: str) -> list:
+    """A recorded history: a story of the lesson, or a random one over a few invoices."""
+    events, clock = [], [rng.choice([0.0, 100.0, 3600.0])]
 
     def ev(worker, action, outcome="ok", gen=None, target=None, until=None):
         clock[0] += rng.choice([0.25, 0.5, 1.0, 1.5, 2.0, 5.0])
         events.append(Event(clock[0], worker, action, outcome, gen, target=target, until=until))
-        if action == "write" and outcome == "ok":
-            before = last.get(target)
-            if before is not None and gen < before.generation:
-                lost.append(before)
-            last[target] = events[-1]
 
     def run(worker, gen, writes, outcome="ok"):
         ev(worker, "acquire", "ok", gen, "invoice-run", clock[0] + 10)
@@ -68,7 +63,7 @@ def _story(rng: Random, story: str) -> tuple[list, list]:
             else:
                 outcome = rng.choice(["ok"] * 6 + ["rejected", "crashed"])
                 ev(w, "write", outcome, gens[w], rng.choice(targets))
-    return events, lost
+    return events
 
 
 LOST_HOSTILE = hostile(
@@ -80,46 +75,98 @@ LOST_HOSTILE = hostile(
 )
 
 
-@task("01.1", "finding the lost updates", LOST_HOSTILE, count=40, returns=(list, tuple))
-def lost_updates_check(answer, schedule: Schedule, history: list) -> None:
-    """Trial for 01.1: ``answer(history) -> the committed writes whose work was lost``."""
-    events, lost = _story(schedule.rng, schedule.knobs["story"])
-    history.extend(events)
-    got = answer(list(events))
-    try:
-        got = list(got)
-    except TypeError:
-        expect(False, "find_lost_updates returns a list of events", f"it returned {got!r}")
-    foreign = [e for e in got if e not in events]
-    expect(
-        not foreign,
-        "every event returned comes from the history",
-        f"{foreign[0]!r} is not in it" if foreign else "",
-    )
-    want = [i for i, e in enumerate(events) if e in lost]
-    have = sorted({events.index(e) for e in got})
+#: the properties of 01.1 (each but the order comes with typical mistakes, below)
+LOST_PROPS = {
+    "victims": "every lost write is reported: the victim, not the write that replaced it",
+    "committed": "rejected and crashed writes changed nothing: never lost, never replacing",
+    "newer or equal": "a newer or an equal generation replacing a write loses nothing",
+    "per invoice": "writes to different invoices never affect each other",
+    "in order": "the lost writes come once each, in the order they appear in the history",
+}
 
-    def show(ids) -> str:
-        picked = [events[i] for i in ids]
+
+def _finder(events, *, counts=("ok",), invoice=True, equal=False, top=False, replacers=False):
+    """The indices of the lost writes as the rule says (by default) or as a mistake reads it:
+    every outcome counted, invoices ignored, an equal generation lost, the highest generation
+    ever the reference, or the replacing writes reported instead of their victims."""
+    last, high, lost = {}, {}, set()
+    for i, e in enumerate(events):
+        if e.action != "write" or e.outcome not in counts:
+            continue
+        key = e.target if invoice else None
+        if key in last:
+            ref = high[key] if top else events[last[key]].generation
+            if e.generation < ref or (equal and e.generation == ref):
+                lost.add(i if replacers else last[key])
+        last[key], high[key] = i, max(high.get(key, e.generation), e.generation)
+    return lost
+
+
+@task("01.1", "finding the lost updates", LOST_HOSTILE, count=40, returns=(list, tuple),
+      properties=LOST_PROPS)  # fmt: skip
+def lost_updates_check(answer, schedule: Schedule, history: list) -> None:
+    """Trial for 01.1: ``answer(history) -> the committed writes whose work was lost``.
+
+    A wrong set breaks the property whose mistake explains most of its errors (else the
+    victims'); a property held only where the answer reported something and a mistake of it
+    would have gone wrong."""
+    events = _story(schedule.rng, schedule.knobs["story"])
+    history.extend(events)
+    got = list(answer(list(events)))
+    index = {e: i for i, e in enumerate(events)}
+    foreign = [e for e in got if e not in index]
+    if foreign:
+        expect(False, "find_lost_updates returns events of the history",
+               f"{foreign[0]!r} is not in it", prop="victims")  # fmt: skip
+    want, ids = _finder(events), [index[e] for e in got]
+    errors, why, ordered = want ^ set(ids), {}, ids == sorted(set(ids))
+    mistakes = [
+        ("committed", _finder(events, counts=("ok", "rejected", "crashed"))),
+        ("newer or equal", _finder(events, equal=True)),
+        ("newer or equal", _finder(events, top=True)),
+        ("per invoice", _finder(events, invoice=False)),
+        ("victims", _finder(events, replacers=True)),
+    ]
+    for p, m in mistakes:
+        told = len({i for i in errors if (i in m) == (i in ids)}) + (m == set(ids)) / 2
+        why[p] = max(why.get(p, 0), told)
+    broken = max(why, key=why.get) if errors and max(why.values()) else "victims"
+    for p, m in mistakes:  # the traps this answer avoided
+        trap = m - want
+        if p != broken and ids and (trap and not trap & set(ids) or not errors and m != want):
+            expect(True, LOST_PROPS[p], prop=p)
+
+    def show(picked) -> str:
         told = [f"{e.worker}'s {e.target} (gen {e.generation}, t={e.time:g})" for e in picked]
         return ", ".join(told) or "none"
 
+    if len(ids) > 1 and (ordered or not errors):
+        expect(ordered, LOST_PROPS["in order"], f"they came as {show(got)}", prop="in order")
     expect(
-        have == want,
+        not errors,
         "the lost writes are exactly the committed writes whose next committed write to the "
         "same invoice carries a lower generation",
-        f"expected {show(want)}; got {show(have)}",
+        f"expected {show(events[i] for i in sorted(want))}; got {show(got)}",
+        prop=broken,
     )
 
 
 # ---------------------------------------------------------------- 01.2: predicting the overwrite
 
 
+#: 01.2's properties: each holds pauses where A overwrites B and pauses where it does not
+EDGES = (-0.25, 1.75)  # pause - ttl: from just before the expiry to just after B writes INV-1
+PREDICT_PROPS = {
+    "far": "right when A wakes well before its lease expires or well after B has written",
+    "edges": "right from a quarter second before the lease expires to a quarter second "
+    "after B writes INV-1, ties included",
+}
+_TTLS = (0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 45.25, 60.0, 90.0)
+
+
 def _overwrite_knobs(rng: Random) -> dict:
-    ttl = rng.choice([0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 45.25, 60.0, 90.0])
-    offset = rng.choice(
-        [-7.0, -1.0, -0.25, 0.0, 0.5, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 4.0, 20.0, 45.0]
-    )
+    offset = rng.choice([-7.0, -1.0, -0.25, 0.0, 0.5, 1.0, 1.25, 1.5, 1.75, 2.0, 4.0, 20.0, 45.0])
+    ttl = rng.choice(_TTLS[2:] if EDGES[0] <= offset <= EDGES[1] else _TTLS)
     return {"pause": max(0.0, ttl + offset), "ttl": ttl}
 
 
@@ -137,14 +184,8 @@ OVERWRITE_HOSTILE = hostile(
 )
 
 
-@task(
-    "01.2",
-    "predicting the overwrite",
-    OVERWRITE_HOSTILE,
-    count=24,
-    make=_overwrite_knobs,
-    returns=BOOL,
-)
+@task("01.2", "predicting the overwrite", OVERWRITE_HOSTILE, count=24, make=_overwrite_knobs,
+      returns=BOOL, properties=PREDICT_PROPS)  # fmt: skip
 def overwrite_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 01.2: ``answer(pause, ttl) -> bool``, compared with a real unprotected run."""
     from labkit.scenarios import expired_but_alive
@@ -152,21 +193,18 @@ def overwrite_check(answer, schedule: Schedule, history: list) -> None:
     pause, ttl = schedule.knobs["pause"], schedule.knobs["ttl"]
     run = expired_but_alive(protected=False, pause=pause, ttl=ttl)
     history.extend(run.history)
-    gens = {
-        e.worker: e.generation for e in run.history if e.action == "acquire" and e.outcome == "ok"
-    }
+    prop = "edges" if EDGES[0] <= pause - ttl <= EDGES[1] else "far"
+    (a_gen,) = {e.generation for e in run.history if e.worker == "A" and e.action == "acquire"}
     final = {r["invoice_id"]: r["generation"] for r in run.tables["invoices"]}
-    truth = final["INV-1"] == gens["A"]
+    truth = final["INV-1"] == a_gen
     got = answer(pause, ttl)
-    expect(
-        isinstance(got, (bool, int)) and got in (0, 1),
-        "predict_overwrite returns True or False",
-        f"it returned {got!r}",
-    )
+    rule = "predict_overwrite returns True or False"
+    expect(isinstance(got, (bool, int)) and got in (0, 1), rule, f"it returned {got!r}", prop=prop)
     expect(
         bool(got) == truth,
         f"the prediction matches the real run: with pause={pause:g} s and ttl={ttl:g} s, "
         f"A {'does' if truth else 'does not'} overwrite B's INV-1",
-        f"predict_overwrite({pause:g}, {ttl:g}) returned {got!r}; in the run, INV-1 ended with generation "
-        f"{final['INV-1']}",
+        f"predict_overwrite({pause:g}, {ttl:g}) returned {got!r}; in the run, INV-1 ended "
+        f"with generation {final['INV-1']}",
+        prop=prop,
     )

@@ -9,15 +9,32 @@
 from __future__ import annotations
 
 from random import Random
+import re
 
 from labkit.grading.lab import busy, call, shown
 from labkit.grading.writers import FENCED_HOSTILE, JOB, OTHER, fenced_trial, generation_of, lab
+from labkit.grading.writers import ENDS, locked_out
 from labkit.db import execute
-from labkit.grading import BOOL, NONE, Schedule, expect, hostile, task
+from labkit.grading import BOOL, NONE, Schedule, expect_all, hostile, task
 from labkit.sim.history import Event
 
 
-@task("02.1", "the fenced insert", FENCED_HOSTILE, count=16, returns=BOOL)
+FENCED = {
+    "newer": "a write with a generation above the fence returns True, stores its invoice and "
+    "raises the fence of its own job (and nothing else)",
+    "equal": "a write with the generation the fence already holds is accepted the same way",
+    "stale": "a write with a generation below the fence returns False and writes nothing, "
+    "even when it races another writer",
+    "fence first": "the fence is raised before anything reads or writes the invoice",
+    "ends": "every call ends its transaction with COMMIT or ROLLBACK",
+    "all or nothing": "the fence's raise and the invoice commit together: no one sees one "
+    "without the other, and a crash leaves neither",
+    "propagates": "an error (a crash, 'database is locked') reaches the caller after the "
+    "ROLLBACK, and is not returned as False",
+}
+
+
+@task("02.1", "the fenced insert", FENCED_HOSTILE, count=16, returns=BOOL, properties=FENCED)
 def fenced_insert_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 02.1: ``answer(conn, job, invoice_id, amount, generation) -> bool``."""
     fenced_trial(answer, schedule, history, batch=False)
@@ -26,10 +43,38 @@ def fenced_insert_check(answer, schedule: Schedule, history: list) -> None:
 # ---------------------------------------------------------------- 02.2: one charge per operation key
 
 
+ONCE = {
+    "stale": "a charge with a generation below the fence returns None, charges nothing and "
+    "records no key, even for a key already used",
+    "first": "the first accepted call with a key raises its job's fence, charges exactly once "
+    "and returns the new charge's id",
+    "repeat": "a repeat of a key passes the fence like any call, charges nothing and returns "
+    "the id of the key's first charge",
+    "ends": "every call ends its transaction with COMMIT or ROLLBACK",
+    "rolls back": "a crash leaves no charge, no key and the fence where it was, so the retry charges",
+    "propagates": "an error (a crash, 'database is locked') reaches the caller after the "
+    "ROLLBACK, and is not returned as None",
+}
+_RULES = {
+    "stale": "a charge with generation {gen} below the fence ({fence}) is refused: it returns None, "
+    "charges nothing and records no key (the fence decides first, even for a key already used)",
+    "propagates": "the crash's error propagates: None would say the fence refused it",
+    "raises": "an accepted call raises the fence of its job to its generation (and no other)",
+    "nothing": "a repeat of key {key!r} charges nothing: only the first call takes effect",
+    "same id": "a repeat returns the id of the key's first charge",
+    "once": "the first call with a key charges exactly once, with its job, invoice, amount and "
+    "generation",
+    "its id": "charge_once returns the id of the charge it made",
+    "locked": "a repeat kept out by the lock lets 'database is locked' propagate (at busy timeout 0)",
+}
+_INTO = re.compile(r"\s*(INSERT(\s+OR\s+\w+)?|REPLACE)\s+INTO\s+[\[\"`]?charges\b", re.I)
+
+
 def _charges(db):
     fences = execute(db, "SELECT job_id, generation FROM job_fence ORDER BY job_id")
     rows = execute(db, "SELECT id, job_id, invoice_id, amount, generation FROM charges ORDER BY id")
-    return tuple(fences), tuple(rows)
+    keys = execute(db, "SELECT key, result FROM idempotency_keys ORDER BY key")
+    return tuple(fences), tuple(rows), tuple(keys)
 
 
 class _Charger:
@@ -40,7 +85,11 @@ class _Charger:
         self.done, self.t = {}, 0.0
 
     def call(self, who: str, req: tuple):
-        return call(self.answer, self.conns[who][0], *req)
+        """``(out, the SQL the call sent, whether it left a transaction open)``."""
+        db, tracer = self.conns[who]
+        start = len(tracer.sql)
+        out = call(self.answer, db, *req)
+        return out, tracer.sql[start:], db.conn.in_transaction
 
     def log(self, who, req, outcome, action: str = "charge", until=None) -> None:
         self.t += 1.0
@@ -48,128 +97,116 @@ class _Charger:
         event = Event(self.t, who, action, outcome, gen, key=key, target=invoice, until=until)
         self.history.append(event)
 
-    def raised(self, who: str, before, after) -> None:
-        """Log the fence of JOB if it moved."""
-        old, new = dict(before[0]).get(JOB), dict(after[0]).get(JOB)
-        if old != new:  # logged with the charge that comes next
-            self.history.append(Event(self.t + 1.0, who, "raise", "ok", new, target=JOB))
-
-    def step(self, who: str, req: tuple, before, out, after, crashed: bool = False):
-        """Judge one call that went from ``before`` to ``after``; ``out=None``: not returned yet."""
+    def step(self, who: str, req: tuple, before, ran, after, crashed: bool = False) -> None:
+        """Log, then judge, one call that went from ``before`` to ``after``."""
         job, key, invoice, amount, gen = req
-        fence, what = dict(before[0])[job], f"{who}'s charge_once(key={key!r}, generation={gen})"
-        got = out and shown(out)
+        (out, sql, left_open), fence = ran, dict(before[0])[job]
+        what = f"{who}'s charge_once(key={key!r}, generation={gen}) {shown(out)}"
         new = [r for r in after[1] if r not in before[1]]
-        self.raised(who, before, after)
-        if crashed or gen < fence:
-            self.log(who, req, "crashed" if crashed else ("ok" if new else "rejected"))
-            why = (
-                "a crash inside the transaction leaves no charge, no key and the fence where it was"
-                if crashed
-                else f"a charge with generation {gen} below the fence ({fence}) is refused: it returns None, "
-                "charges nothing and records no key (the fence decides first, even for a key already used)"
+        old, moved = dict(before[0]).get(JOB), dict(after[0]).get(JOB)
+        if old != moved:  # logged with the charge that comes next
+            self.history.append(Event(self.t + 1.0, who, "raise", "ok", moved, target=JOB))
+        repeat, first = key in self.done and gen >= fence, self.done.get(key)
+        outcome = "duplicate" if repeat and not new else "ok" if new else "rejected"
+        self.log(who, req, "crashed" if crashed else outcome)
+        rule = {k: r.format(gen=gen, fence=fence, key=key) for k, r in _RULES.items()}
+        seen = f"{what}; charges added {new}, fence {dict(after[0])[job]}"
+        if crashed:
+            checks = [(after == before, ONCE["rolls back"], seen, "rolls back")]
+            checks += [(out[0] == "raised", rule["propagates"], what, "propagates")]
+        elif gen < fence:
+            checks = [(after == before and out == ("returned", None), rule["stale"], seen, "stale")]
+        else:
+            prop, raised = (
+                "repeat" if repeat else "first",
+                tuple((j, gen if j == job else g) for j, g in before[0]),
             )
-            expect(
-                after == before,
-                why,
-                f"{what} {got}; charges added {new}, fence {dict(after[0])[job]}",
-            )
-            expect(
-                crashed and out[0] == "raised" or out == ("returned", None), why, f"{what} {got}"
-            )
-            return None
-        raised = tuple((j, gen if j == job else g) for j, g in before[0])
-        expect(
-            after[0] == raised,
-            "an accepted call raises the fence of its job to its generation (and no other)",
-            f"{what}: fence {before[0]} -> {after[0]}",
-        )
-        if key in self.done:
-            self.log(who, req, "duplicate" if not new else "ok")
-            expect(
-                not new,
-                f"a repeat of key {key!r} charges nothing: only the first call takes effect",
-                f"{what} added {new} after the key's charge {self.done[key]} committed",
-            )
-            expect(
-                out is None or out == ("returned", self.done[key]),
-                "a repeat returns the id of the key's first charge",
-                f"{what} {got}, the first was {self.done[key]}",
-            )
-            return self.done[key]
-        self.log(who, req, "ok" if new else "rejected")
-        expect(
-            len(new) == 1 and new[0][1:] == (job, invoice, amount, gen),
-            "the first call with a key charges exactly once, with its job, invoice, amount and generation",
-            f"{what} added {new}",
-        )
-        expect(
-            out is None or out == ("returned", new[0][0]),
-            "charge_once returns the id of the charge it made",
-            f"{what} {got}; the new charge has id {new[0][0]}",
-        )
-        self.done[key] = new[0][0]
-        return new[0][0]
+            checks = [
+                (
+                    after[0] == raised,
+                    rule["raises"],
+                    f"{what}: fence {before[0]} -> {after[0]}",
+                    prop,
+                )
+            ]
+            if repeat:
+                checks += [
+                    (
+                        not new,
+                        rule["nothing"],
+                        f"{seen} after the key's charge {first} committed",
+                        prop,
+                    )
+                ]
+                checks += [
+                    (
+                        out == ("returned", first),
+                        rule["same id"],
+                        f"{what}, the first was {first}",
+                        prop,
+                    )
+                ]
+            else:
+                made = len(new) == 1 and new[0][1:] == (job, invoice, amount, gen)
+                checks += [(made, rule["once"], seen, prop)]
+                checks += [(made and out == ("returned", new[0][0]), rule["its id"], seen, prop)]
+        opened = f"{what} and left its transaction open"
+        expect_all([*checks, (not left_open, ENDS, opened, "ends")], acted=bool(sql))
+        if not crashed and not repeat and gen >= fence:
+            self.done[key] = new[0][0]
 
     def solo(self, who: str, req: tuple, crash: bool = False) -> None:
-        db = self.conns[who][0]
         before = _charges(self.db)
-        if crash:
-            execute(self.db, "INSERT INTO crash_plan VALUES (?)", (req[2],))
-        out = self.call(who, req)
-        expect(
-            not db.conn.in_transaction,
-            "every call ends its transaction with COMMIT or ROLLBACK",
-            f"{who}'s call {shown(out)} and left its transaction open",
-        )
-        if crash:
-            execute(self.db, "DELETE FROM crash_plan")
-        if out[0] == "raised" and not crash:
-            raise out[1]
-        self.step(who, req, before, out, _charges(self.db), crashed=crash)
+        execute(self.db, "INSERT INTO crash_plan SELECT ? WHERE ?", (req[2], crash))
+        ran = self.call(who, req)
+        (out, sql, _), after = ran, _charges(self.db)
+        wrote = out[0] == "raised" or any(_INTO.match(s) for s in sql)
+        crashed = crash and wrote and req[4] >= dict(before[0])[req[0]] and req[1] not in self.done
+        self.step(who, req, before, ran, after, crashed=crashed)
+        execute(self.db, "DELETE FROM crash_plan")  # after the judge: it may hold the lock
 
     def race(self, req: tuple, at: int) -> None:
         """A sends ``req``; the runner's repeat (same request, B's connection) comes before A's ``at``-th statement."""
         s0, seen = _charges(self.db), {}
 
         def b_acts():
-            seen["mid"] = _charges(self.db)
-            seen["b"] = self.call("B", req)
-            seen["after"] = _charges(self.db)
+            seen["mid"], seen["locked"] = _charges(self.db), locked_out(self.db)
+            seen["b"], seen["after"] = self.call("B", req), _charges(self.db)
 
         self.conns["A"][1].before(at, b_acts)
-        out_a = self.call("A", req)
+        ran_a = self.call("A", req)
         self.conns["A"][1].action = None
         s_a = _charges(self.db)
-        if out_a[0] == "raised":
-            raise out_a[1]
         if not seen:
-            self.step("A", req, s0, out_a, s_a)
+            self.step("A", req, s0, ran_a, s_a)
             return self.solo("B", req)
-        mid, out_b, s_b = seen["mid"], seen["b"], seen["after"]
+        mid, ran_b, s_b, locked = seen["mid"], seen["b"], seen["after"], seen["locked"]
         if mid != s0:  # A had committed before the repeat came
-            self.step("A", req, s0, None, mid)
+            self.step("A", req, s0, ran_a, mid)
         self.log("A", None, "ok", "pause", until=self.t + 3.0)
-        if out_b[0] == "returned" and out_b[1] is not None:
-            self.step("B", req, mid, out_b, s_b)
-            self.log("A", None, "ok", "resume")
-            self.step("A", req, s_b, out_a, s_a)
-            return
-        self.log("B", req, "busy", "wait")
+        if locked:
+            self.log("B", req, "busy", "wait")
+        else:
+            self.step("B", req, mid, ran_b, s_b)
         self.log("A", None, "ok", "resume")
-        expect(
-            busy(out_b) or out_b == ("returned", None),
-            "a repeat kept out by the lock waits ('database is locked' at busy timeout 0)",
-            f"the repeat {shown(out_b)}",
-        )
-        expect(
-            s_b == mid,
-            "a repeat kept out by the lock changes nothing",
-            f"charges {mid[1]} -> {s_b[1]}",
-        )
+        if locked:
+            waited = (
+                busy(ran_b[0]),
+                _RULES["locked"],
+                f"the repeat {shown(ran_b[0])}",
+                "propagates",
+            )
+            saw = f"charges {mid[1]} -> {s_b[1]}"
+            expect_all(
+                [
+                    waited,
+                    (s_b == mid, "a repeat kept out by the lock changes nothing", saw, "repeat"),
+                ]
+            )
         if mid == s0:
-            self.step("A", req, s0, out_a, s_a)
-        self.solo("B", req)
+            self.step("A", req, s_b, ran_a, s_a)
+        if locked:
+            self.solo("B", req)
 
 
 def _key(rng: Random, n: int) -> str:
@@ -187,7 +224,14 @@ ONCE_HOSTILE = hostile(
 )
 
 
-@task("02.2", "the charge that happens once per key", ONCE_HOSTILE, count=14, returns=(int, NONE))
+@task(
+    "02.2",
+    "the charge that happens once per key",
+    ONCE_HOSTILE,
+    count=14,
+    returns=(int, NONE),
+    properties=ONCE,
+)
 def charge_once_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 02.2: ``answer(conn, job, key, invoice_id, amount, generation) -> charge id | None``."""
     rng, story = schedule.rng, schedule.knobs["story"]

@@ -11,12 +11,12 @@ from __future__ import annotations
 import contextlib
 from random import Random
 
-from labkit.grading.lab import process, scratch
 from labkit.clock import VirtualClock
 from labkit.db import execute
-from labkit.grading import Schedule, expect, hostile, task
+from labkit.grading import Schedule, hostile, task
+from labkit.grading.checks07 import _judge
+from labkit.grading.lab import process, scratch
 from labkit.sim.history import Event
-
 
 # ---------------------------------------------------------------- 08.1 outbox relay
 
@@ -118,7 +118,15 @@ def _publish_intents(admin, outbox, k, rng, job: str) -> tuple[list, list]:
     return emails, [key for key, _ in emails[: k["sent_before"]]]
 
 
-@task("08.1", "the outbox relay", RELAY_HOSTILE, count=16, make=_relay_knobs)
+@task(
+    "08.1", "the outbox relay", RELAY_HOSTILE, count=16, make=_relay_knobs,
+    properties={
+        "never lost": "every committed email intent is delivered, even when a send fails",
+        "never twice": "no email goes out twice, even when the relay dies between sending and marking",
+        "marked sent": "after a clean relay run, every delivered intent is marked sent",
+        "others alone": "the email relay leaves other kinds of intent alone",
+    },
+)  # fmt: skip
 def relay_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 08.1: ``answer(db, mail)`` sends pending email intents exactly once."""
     from labkit.mechanisms.effects import Outbox
@@ -132,6 +140,7 @@ def relay_check(answer, schedule: Schedule, history: list) -> None:
         for key, email in emails:
             if key in sent_before:  # relayed earlier by the reference relay
                 outbox.mark_sent(key, provider.send(**email, idempotency_key=key).id)
+        calls = 0
         for runs in range(1, 7):  # the relay is restarted until one run goes through cleanly
             conn, statements = tmp.open(), iter(range(1, 10**6))
             dies_at = k["dies_at"] if runs == 1 else 0
@@ -151,37 +160,39 @@ def relay_check(answer, schedule: Schedule, history: list) -> None:
                 Event(clock.now(), f"relay run {runs}", "crash" if fate["dead"] else "resume", "ok")
             )
             clock.advance(1)
+            calls += mail.calls
             if not mail.fail and not fate["dead"]:
                 break
         records = provider.records()
         for r in records:
             key, subject = r["idempotency_key"], r["payload"]["subject"]
             history.append(Event(r["created_at"], "relay", "email", "ok", key=key, target=subject))
-        for key, email in emails:
-            n = sum(1 for r in records if r["payload"] == email)
-            expect(
-                n == 1,
-                "every committed email intent is delivered exactly once, even when the relay dies "
-                "between sending and marking",
-                f"{email['subject']!r} was delivered {n} times after {runs} relay runs",
-            )
-        expect(
-            len(records) == len(emails),
-            "the relay sends only the committed email intents",
-            f"{len(records)} emails for {len(emails)} intents: {[r['payload']['subject'] for r in records]}",
-        )
         states = dict(execute(admin, "SELECT key, state FROM outbox WHERE kind = 'email'"))
-        expect(
-            all(states[key] == "sent" for key, _ in emails),
-            "after a clean relay run, every delivered intent is marked sent",
-            f"outbox states: {states}",
-        )
         charges = execute(admin, "SELECT state FROM outbox WHERE kind = 'charge'")
-        expect(
-            all(s == "pending" for (s,) in charges),
-            "the email relay leaves other kinds of intent alone",
-            f"charge intents now {charges}",
-        )
+        sent, wanted = [r["payload"] for r in records], [e for _, e in emails]
+        after = f"after {runs} relay runs"
+        # fmt: off
+        checks = [
+            ("never lost", all(e in sent for e in wanted),
+             "every committed email intent is delivered, even when a send fails or the relay dies",
+             f"never delivered {after}: {[e['subject'] for e in wanted if e not in sent]}"),
+            ("marked sent", all(states[key] == "sent" for key, _ in emails),
+             "after a clean relay run, every delivered intent is marked sent", f"outbox states: {states}"),
+        ]
+        if calls:  # the answer sent something: judge what it sent and what it marked
+            twice = [e["subject"] for e in wanted if sent.count(e) > 1]
+            extra = [p["subject"] for p in sent if p not in wanted]
+            checks += [
+                ("never twice", not twice, ("each committed email intent is delivered exactly once, "
+                 "even when the relay dies between sending and marking"),
+                 f"delivered more than once {after}: {twice}"),
+                ("never twice", not extra, "the relay sends only the committed email intents",
+                 f"emails no intent asked for: {extra}"),
+                ("others alone", all(s == "pending" for s, in charges),
+                 "the email relay leaves other kinds of intent alone", f"charge intents now {charges}"),
+            ]
+        # fmt: on
+        _judge(checks)
 
 
 # ---------------------------------------------------------------- 08.2 publish the report and the email intent
@@ -222,45 +233,42 @@ def _publish_knobs(rng: Random) -> dict:
 
 
 @task(
-    "08.2",
-    "the report and its email intent in one fenced transaction",
-    PUBLISH_HOSTILE,
-    count=8,
+    "08.2", "the report and its email intent in one fenced transaction", PUBLISH_HOSTILE, count=8,
     make=_publish_knobs,
-)
+    properties={
+        "via outbox": "the email goes out only through the fenced outbox, never from a stale worker",
+        "current report": "the committed report is the current owner's report",
+        "one email": "the report is announced by exactly one email, even when the step is redone",
+        "together": "the report file and its email intent commit together or not at all",
+    },
+)  # fmt: skip
 def publish_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 08.2: ``answer(generation, *, fence, files, outbox, mail, report, email)``."""
-    from labkit.mechanisms.effects import FencedFileStore, Outbox
-    from labkit.errors import StaleGeneration
+    from labkit.errors import KeyReused, StaleGeneration
     from labkit.fence import Fence
+    from labkit.grading import Broken
+    from labkit.mechanisms.effects import FencedFileStore, Outbox
 
     rng, story = schedule.rng, schedule.knobs["story"]
     job = f"invoice-run-{rng.randrange(1000)}"
+    checks: list = []
     with scratch() as tmp:
         admin, provider, clock = _world(tmp, rng)
         folder = tmp.path("files")
         surprises: list[str] = []
         total = rng.randrange(10**6)
+        done = {"effects": 0}
 
         def worker(name: str, generation: int, report: bytes, body: str, *, mail_at=0, store_at=0):
-            conn = tmp.open()
-            count = {"n": 0}
-            fate = {"dead": False}
+            conn, count, fate = tmp.open(), {"n": 0}, {"dead": False}
             files = _Dying(FencedFileStore(conn, folder, job), ("write",), count, store_at)
             outbox = _Dying(Outbox(conn, clock), ("add",), count, store_at)
             mail = _FlakyMail(provider, {1: "before"} if mail_at else {}, fate)
-            sent_before = len(provider.records())
-            outcome = "rejected"
+            email = {"to": "ops@example.com", "subject": f"{job} report", "body": body}
+            sent_before, outcome = len(provider.records()), "rejected"
             try:
-                answer(
-                    generation,
-                    fence=Fence(conn, job),
-                    files=files,
-                    outbox=outbox,
-                    mail=mail,
-                    report=report,
-                    email={"to": "ops@example.com", "subject": f"{job} report", "body": body},
-                )
+                answer(generation, fence=Fence(conn, job), files=files, outbox=outbox, mail=mail,
+                       report=report, email=email)  # fmt: skip
             except NotImplementedError:
                 raise
             except Exception as exc:  # stale, the planned death, or a surprise (judged at the end)
@@ -272,60 +280,58 @@ def publish_check(answer, schedule: Schedule, history: list) -> None:
                 conn.conn.close()
             if FencedFileStore(admin, folder, job).generation("report.txt") == generation:
                 outcome = "ok"
-            now = clock.now()
+            now, effects = clock.now(), count["n"] + mail.calls
             history.append(Event(now, name, "write", outcome, generation, target="report.txt"))
             for r in provider.records()[sent_before:]:
                 key, subject = r["idempotency_key"], r["payload"]["subject"]
                 history.append(Event(now, name, "email", "ok", generation, key=key, target=subject))
+            done["effects"] += effects
+            if effects and story != "half":  # there, only the file and its intent are judged
+                checks.append(("via outbox", not mail.calls, ("the answer never calls the email "
+                               "provider itself (a stale worker that reaches it cannot be stopped)"),
+                               f"{name} ({generation}) called mail.send"))  # fmt: skip
             clock.advance(1)
 
-        report_b, body_b = f"total {total}".encode(), f"the total is {total}"
+        def report(g: int) -> bytes:
+            return f"total {total}, by generation {g}".encode()
+
+        body_b = f"the total is {total}"
+        if story == "early":
+            with Fence(admin, job).guard(8):
+                history.append(Event(clock.now(), "B", "raise", "ok", 8, target=job))
+        if story in ("stale", "redo"):
+            worker("B", 8, report(8), body_b)
         if story in ("stale", "early"):
-            if story == "early":
-                with Fence(admin, job).guard(8):
-                    history.append(Event(clock.now(), "B", "raise", "ok", 8, target=job))
-            else:
-                worker("B", 8, report_b, body_b)
             worker("A", 7, b"total 0 (stale)", "the total is 0 (stale)")
-            if story == "early":
-                worker("B", 8, report_b, body_b)
-        elif story == "redo":
-            worker("B", 8, report_b, body_b)
-            worker("C", 9, report_b, body_b)
-        elif story == "mail_dies":
-            worker("B", 8, report_b, body_b, mail_at=1)
-        else:
-            worker("B", 8, report_b, body_b, store_at=2)
-        Outbox(admin, clock).relay(provider)  # the reference relay delivers what was committed
-        files = FencedFileStore(admin, folder, job)
-        content = files.read("report.txt")
+        if story in ("early", "mail_dies", "half"):
+            dying = {"mail_dies": {"mail_at": 1}, "half": {"store_at": 2}}.get(story, {})
+            worker("B", 8, report(8), body_b, **dying)
+        if story == "redo":
+            worker("C", 9, report(9), body_b)
+        with contextlib.suppress(KeyReused):  # the provider sent another email under its key
+            Outbox(admin, clock).relay(provider)  # the reference relay delivers what was committed
+        content = FencedFileStore(admin, folder, job).read("report.txt")
         emails = [r["payload"]["body"] for r in provider.records()]
         for body in emails:
             history.append(Event(clock.now(), "relay", "email", "ok", target=body))
-        if story == "half":
-            expect(
-                (content is None and emails == []) or (content == report_b and emails == [body_b]),
-                "the report file and its email intent commit together or not at all",
-                f"after the worker died: report file {content!r}, emails {emails}",
-            )
-            expect(
-                not surprises, "the answer runs without an unexpected error", "; ".join(surprises)
-            )
-            return
-        expect(
-            "the total is 0 (stale)" not in emails,
-            "a stale worker's email never goes out (its intent is fenced out with its file write)",
-            f"emails: {emails}",
-        )
-        expect(
-            content == report_b,
-            "the committed report is the current owner's",
-            f"report.txt holds {content!r}",
-        )
-        expect(
-            emails == [body_b],
-            "the committed report is announced by exactly one email, even when the "
-            "step is redone or the worker dies at the email provider",
-            f"emails sent: {emails}",
-        )
-        expect(not surprises, "the answer runs without an unexpected error", "; ".join(surprises))
+        intents = execute(admin, "SELECT COUNT(*) FROM outbox WHERE kind = 'email'")[0][0]
+        want = report(9 if story == "redo" else 8)
+        # fmt: off
+        if story == "half" and done["effects"]:
+            checks.append(("together", (content, intents) in ((None, 0), (want, 1)),
+                           "the report file and its email intent commit together or not at all",
+                           f"after the worker died: report file {content!r}, {intents} email intents"))
+        elif story != "half":
+            if content is not None or emails:
+                checks.append(("via outbox", "the total is 0 (stale)" not in emails, ("a stale worker's "
+                               "email never goes out (its intent is fenced out with its file write)"),
+                               f"emails: {emails}"))
+            checks.append(("current report", content == want, "the committed report is the current owner's",
+                           f"report.txt holds {content!r}, not {want!r}"))
+            checks.append(("one email", emails == [body_b], ("the committed report is announced by "
+                           "exactly one email, even when the step is redone or the worker dies at "
+                           "the email provider"), f"emails sent: {emails}"))
+        # fmt: on
+        _judge(checks)
+        if surprises:
+            raise Broken("runs", "", "; ".join(surprises))

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from labkit.grading import Schedule, expect, hostile, keys, task
+from labkit.sim.history import Event
 
 
 # ---------------------------------------------------------------- 09.1 pick the mechanism
@@ -22,7 +23,22 @@ MECHANISMS = (
     "new epoch",
 )
 
-#: the incidents of the exercise, in its order (what each needs is in ``solutions/keys.json``)
+#: the incidents by property (what each needs is in ``solutions/keys.json``); a group's
+#: incidents need different mechanisms, so one pick for every incident scores nothing
+INCIDENT_GROUPS = {
+    "who may act": ("frozen-export", "dead-holder", "restored-counter"),
+    "in time": ("late-reply", "stuck-release", "thundering-restart"),
+    "once": ("double-charge", "forgotten-run", "stale-email"),
+}
+INCIDENT_PROPS = {
+    "who may act": "who may act, and with which number: a frozen worker, a dead holder, "
+    "a restored counter",
+    "in time": "deadlines, releases and retries: a late reply, a stuck release, a "
+    "thundering restart",
+    "once": "work and effects that must happen exactly once: a repeated charge, a "
+    "forgotten run, a stale email",
+}
+#: the incidents, in the exercise's order
 INCIDENTS = (
     "frozen-export",
     "dead-holder",
@@ -42,16 +58,22 @@ INCIDENT_ROWS = [(f"incident {name}", name) for name in INCIDENTS]
     "the right mechanism for each incident",
     hostile("incident", *INCIDENT_ROWS),
     returns=(str,),
+    properties=INCIDENT_PROPS,
 )
 def incident_check(answer, schedule: Schedule, history: list) -> None:
-    """Trial for 09.1: ``answer(incident) -> one of MECHANISMS``."""
+    """Trial for 09.1: ``answer(incident) -> one of MECHANISMS`` (the pick drawn as a write)."""
     name = schedule.knobs["incident"]
+    prop = next(p for p, names in INCIDENT_GROUPS.items() if name in names)
     right, why = (keys("09.1")[name][part] for part in ("mechanism", "why"))
     got = answer(name)
     picked = got.strip().lower() if isinstance(got, str) else got
+    ok = "ok" if picked == right else "rejected"
+    history.append(Event(1.0, name, "write", ok, target=f"{picked!r:.40}"))
     expect(
         picked in MECHANISMS,
         f"the answer for {name!r} is one of {MECHANISMS}",
         f"it returned {got!r}",
+        prop=prop,
     )
-    expect(picked == right, f"incident {name!r} needs the {right}: {why}", f"you picked {got!r}")
+    rule = f"incident {name!r} needs the {right}: {why}"
+    expect(picked == right, rule, f"you picked {got!r}", prop=prop)

@@ -28,13 +28,11 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import copy
-import csv
 import json
 import multiprocessing
 import os
 import pathlib
 import sys
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
 from labkit.errors import BadArgument

@@ -5,6 +5,8 @@
 * :class:`Tracer` and :func:`between_statements` run another worker's action just
   before the answer's n-th SQL statement: real concurrency, at a point the schedule picks.
 * :func:`process` lets a worker's process die at a chosen statement.
+* :class:`Schedule` is one way the world can go in a trial; :func:`hostile` and
+  :func:`schedules` list a task's.
 * :func:`call`, :func:`shown`, :func:`busy`, :func:`is_bool` judge one call;
   :func:`lease_event` records a lease in a trial's history.
 """
@@ -15,10 +17,56 @@ import contextlib
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass, field
+from random import Random
+from typing import Callable, Iterable
 
 from labkit.errors import Busy
 from labkit.sim.files import connect_file
 from labkit.sim.history import Event
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """One way the world can go during a trial.
+
+    Attributes:
+        seed: seeds the trial's ``random.Random`` (:attr:`rng`, fresh on every read).
+        knobs: named timings or choices, e.g. ``{"pause": 30, "ttl": 10}``.
+        name: a short label for hostile schedules, e.g. ``"A pauses inside the transaction"``.
+    """
+
+    seed: int
+    knobs: dict = field(default_factory=dict, hash=False)
+    name: str = "random"
+
+    @property
+    def rng(self) -> Random:
+        return Random(self.seed)
+
+
+def hostile(columns: str, *rows: tuple) -> list[dict]:
+    """Hostile schedules as a table: each row is a name, then the knobs named in ``columns``.
+
+    A shorter row leaves out the last knobs.
+    """
+    keys = ["name", *columns.split()]
+    return [dict(zip(keys, row)) for row in rows]
+
+
+def schedules(
+    hostile: Iterable[dict], *, count: int, make: Callable[[Random], dict], base: int = 1000
+) -> list[Schedule]:
+    """The hostile schedules (dicts of a ``name`` and knobs), then ``count`` random ones.
+
+    The random ones have seeds ``base``, ``base + 1``, ... and knobs ``make(Random(seed))``.
+    """
+    out = [
+        Schedule(i, {k: v for k, v in h.items() if k != "name"}, h.get("name", f"hostile {i}"))
+        for i, h in enumerate(hostile)
+    ]
+    out += [Schedule(s, make(Random(s))) for s in range(base, base + count)]
+    return out
 
 
 class Scratch:

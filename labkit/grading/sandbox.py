@@ -73,7 +73,7 @@ def _argv(tool: str, hide) -> list[str]:
         argv += ["--remount-ro", place]
     argv += ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     argv += ["--chdir", "/tmp", "--setenv", "HOME", "/tmp"]
-    return argv + [sys.executable, "-I", "/tmp/.labkit/worker.py"]
+    return argv + [os.path.abspath(sys.executable), "-I", "/tmp/.labkit/worker.py"]
 
 
 def _pids_group() -> pathlib.Path | None:

@@ -1,10 +1,11 @@
 """The fenced writers' laboratory, shared by tasks 02.1, 02.2 and 03.1.
 
-:func:`fenced_trial` runs a fenced writer (one invoice for 02.1, a batch for 03.1)
-through one schedule and judges every call against a model of an accepted or a
-refused write: the rows it left, what it returned, whether it raised the fence
-before touching the protected table. B acts on its own connection just before A's
-n-th SQL statement; if A holds the write lock then, B is refused and tries again after A.
+:func:`fenced_trial` runs a fenced writer (one invoice for 02.1, a batch for 03.1) through
+one schedule. Each call is logged first (a replay draws it), then judged against a model of
+an accepted or a refused write: the rows it left, what it returned, whether it raised the
+fence before touching the protected table; a call that sent no SQL earns no evidence. B acts
+on its own connection just before A's n-th statement; if A holds the lock, B must get SQLite's
+"database is locked" and tries again after A.
 """
 
 from __future__ import annotations
@@ -15,11 +16,30 @@ import re
 
 from labkit.grading.lab import Tracer, busy, call, is_bool, scratch, shown
 from labkit.db import execute
-from labkit.grading import Schedule, expect, hostile
+from labkit.grading import Schedule, expect_all, hostile
 from labkit.sim.history import Event
 
 JOB, OTHER = "invoice-run", "payroll-run"
 CRASH = "simulated crash: the disk is full"
+ENDS = "every call ends its transaction with COMMIT or ROLLBACK, whatever happens"
+
+
+#: the rules each call is judged by (``{gen}`` and ``{fence}`` filled in)
+RULES = {
+    "stale": "a write with generation {gen} is refused (returns False) and writes nothing when "
+    "the fence is at {fence}",
+    "accepted": "a write with generation {gen} is accepted (returns True) when the fence is at "
+    "{fence} (equal generations pass)",
+    "stores": "an accepted write stores its invoices, raises the fence of its own job to its "
+    "generation, and changes nothing else",
+    "clean": "a crash inside the transaction leaves nothing behind: no invoice stays, and the "
+    "fence stays where it was",
+    "propagates": "the error of a crash propagates to the caller (ROLLBACK, then raise it "
+    "again): returning False would say the fence refused it",
+    "locked": "a writer kept out by the lock lets SQLite's 'database is locked' propagate "
+    "(returning False would say the fence refused it)",
+}
+
 SETUP = (
     "CREATE TABLE IF NOT EXISTS charges (id INTEGER PRIMARY KEY, job_id TEXT NOT NULL, "
     "invoice_id TEXT NOT NULL, amount INTEGER NOT NULL, generation INTEGER NOT NULL)",
@@ -52,23 +72,25 @@ def lab(rng: Random, story: str):
 
 _WRITE = r"\s*(UPDATE(\s+OR\s+\w+)?|INSERT(\s+OR\s+\w+)?\s+INTO|REPLACE\s+INTO)\s+"
 _RAISE = re.compile(_WRITE + r"[\[\"`]?job_fence\b", re.I)
+_INTO = re.compile(_WRITE + r"[\[\"`]?invoices\b", re.I)
 _TOUCH = re.compile(r"\b(invoices|charges)\b", re.I)
 
 
-def _raised_first(sql: list[str]) -> None:
-    """The fence is raised before the statement that first reads or writes the protected table."""
+def _raised_first(sql: list[str]) -> list:
+    """The check that the fence is raised before the statement that first reads or writes the
+    protected table (none if no statement touched it)."""
     plain = [not s.lstrip().upper().startswith("PRAGMA") and "sqlite_master" not in s for s in sql]
     touch = next((i for i, s in enumerate(sql) if plain[i] and _TOUCH.search(s)), None)
     if touch is None:
-        return
+        return []
     raised = next((i for i, s in enumerate(sql) if _RAISE.match(s)), None)
-    expect(
+    return [(
         raised is not None and raised < touch,
         "the fence is raised before the protected state is read or written (the UPDATE of job_fence "
         "comes before the first statement that touches it)",
-        "the statements were: "
-        + " | ".join(s.strip().split("\n")[0][:70] for s in sql[: touch + 1]),
-    )
+        "the statements were: " + " | ".join(s.strip().split("\n")[0][:70] for s in sql[: touch + 1]),
+        "fence first",
+    )]  # fmt: skip
 
 
 def generation_of(db, job: str) -> int:
@@ -105,20 +127,29 @@ def _fence(state, job: str) -> int:
 def _diff(before, after) -> str:
     if before == after:
         return "nothing changed"
-    old_f, new_f = {j: g for j, _, g in before[0]}, {j: g for j, _, g in after[0]}
-    old_i = {(j, i): (a, g) for j, i, a, g in before[1]}
-    new_i = {(j, i): (a, g) for j, i, a, g in after[1]}
-    parts = [
-        f"fence of {j}: {old_f.get(j)} -> {new_f.get(j)}"
-        for j in sorted(new_f)
-        if old_f.get(j) != new_f.get(j)
-    ]
-    parts += [
-        f"{i} of {j}: {old_i.get((j, i))} -> {new_i.get((j, i))}"
-        for j, i in sorted(set(old_i) | set(new_i))
-        if old_i.get((j, i)) != new_i.get((j, i))
-    ]
+
+    def changes(name, old: dict, new: dict) -> list[str]:
+        keys = sorted(set(old) | set(new))
+        return [
+            f"{name(k)}: {old.get(k)} -> {new.get(k)}" for k in keys if old.get(k) != new.get(k)
+        ]
+
+    fence = [{j: g for j, _, g in state[0]} for state in (before, after)]
+    rows = [{(j, i): (a, g) for j, i, a, g in state[1]} for state in (before, after)]
+    parts = changes(lambda j: f"fence of {j}", *fence) + changes(
+        lambda k: f"{k[1]} of {k[0]}", *rows
+    )
     return "; ".join(parts) + " ((amount, generation))"
+
+
+def locked_out(db) -> bool:
+    """Whether another connection holds the write lock (the observer tries to take it)."""
+    try:
+        execute(db, "BEGIN IMMEDIATE")
+    except Exception:  # busy: the write lock is taken
+        return True
+    execute(db, "ROLLBACK")
+    return False
 
 
 class _Writers:
@@ -129,11 +160,15 @@ class _Writers:
         self.history, self.t = history, 0.0
 
     def call(self, who: str, job: str, gen: int, invoices: dict):
-        db = self.conns[who][0]
+        """``(out, the SQL the call sent, whether it left a transaction open)``."""
+        db, tracer = self.conns[who]
+        start = len(tracer.sql)
         if self.batch:
-            return call(self.answer, db, job, gen, dict(invoices))
-        ((invoice, amount),) = invoices.items()
-        return call(self.answer, db, job, invoice, amount, gen)
+            out = call(self.answer, db, job, gen, dict(invoices))
+        else:
+            ((invoice, amount),) = invoices.items()
+            out = call(self.answer, db, job, invoice, amount, gen)
+        return out, tracer.sql[start:], db.conn.in_transaction
 
     def log(self, who, action, outcome="ok", gen=None, target=None, until=None, dt=1.0) -> None:
         self.t += dt
@@ -146,133 +181,83 @@ class _Writers:
         if _fence(after, JOB) != _fence(before, JOB):
             self.log(who, "raise", "ok", _fence(after, JOB), JOB, dt=0.0)
 
-    def write(self, who: str, job: str, gen: int, invoices: dict, crash: str | None = None) -> None:
-        """One call on its own; judge its answer and the rows it left."""
-        db, tracer = self.conns[who]
-        before, start = _state(self.db), len(tracer.sql)
-        if crash:
-            execute(self.db, "INSERT INTO crash_plan VALUES (?)", (crash,))
-        out = self.call(who, job, gen, invoices)
-        what = f"{who}'s call with generation {gen}"
-        expect(
-            not db.conn.in_transaction,
-            "every call ends its transaction with COMMIT or ROLLBACK, whatever happens",
-            f"{what} {shown(out)} and left its transaction open: it still holds the write lock",
+    def judge(self, who, job, gen, invoices, before, ran, after, crashed=None) -> None:
+        """Judge one call (already logged) that went from ``before`` to ``after``."""
+        (out, sql, left_open), fence, diff = ran, _fence(before, job), _diff(before, after)
+        what, want = (
+            f"{who}'s call with generation {gen} {shown(out)}",
+            _after(before, job, gen, invoices),
         )
-        if crash:
-            execute(self.db, "DELETE FROM crash_plan")
-        after, want = _state(self.db), _after(before, job, gen, invoices)
-        self.wrote(who, gen, invoices, before, after, crashed=bool(crash))
-        _raised_first(tracer.sql[start:])
-        if crash:
-            expect(
-                after == before,
-                "a crash inside the transaction leaves nothing behind: no invoice, and the "
-                "fence where it was",
-                f"the write of {crash} failed ({CRASH}); {_diff(before, after)}",
-            )
-            expect(
-                out[0] == "raised" or is_bool(out, False),
-                "a call that crashed does not report success",
-                f"{what} {shown(out)}",
-            )
+        rule = {k: r.format(gen=gen, fence=fence) for k, r in RULES.items()}
+        if crashed:
+            saw = f"{crashed} failed ({CRASH}); {diff}"
+            checks = [(after == before, rule["clean"], saw, "all or nothing")]
+            checks += [(out[0] == "raised", rule["propagates"], what, "propagates")]
         elif want is None:
-            expect(
-                is_bool(out, False) and after == before,
-                f"a write with generation {gen} is refused (returns False) and writes nothing when the fence "
-                f"is at {_fence(before, job)}",
-                f"{what} {shown(out)}; {_diff(before, after)}",
-            )
+            checks = [
+                (is_bool(out, False) and after == before, rule["stale"], f"{what}; {diff}", "stale")
+            ]
         else:
-            expect(
-                is_bool(out, True),
-                f"a write with generation {gen} is accepted (returns True) when the fence is "
-                f"at {_fence(before, job)} (equal generations pass)",
-                f"{what} {shown(out)}",
-            )
-            expect(
-                after == want,
-                "an accepted write stores its invoices, raises the fence of its own job to its "
-                "generation, and changes nothing else",
-                f"{what}: {_diff(before, after)}",
-            )
+            prop = "equal" if gen == fence else "newer"
+            checks = [(is_bool(out, True), rule["accepted"], what, prop)]
+            checks += [(after == want, rule["stores"], f"{what}: {diff}", prop)]
+        opened = f"{what} and left its transaction open: it still holds the write lock"
+        checks += [(not left_open, ENDS, opened, "ends"), *_raised_first(sql)]
+        expect_all(checks, acted=bool(sql))
+
+    def write(self, who: str, job: str, gen: int, invoices: dict, crash: str | None = None) -> None:
+        """One call on its own: log it as the rows show it, then judge it."""
+        before = _state(self.db)
+        execute(self.db, "INSERT INTO crash_plan SELECT ? WHERE ?", (crash, bool(crash)))
+        ran = self.call(who, job, gen, invoices)
+        after, (out, sql, _) = _state(self.db), ran
+        wrote = out[0] == "raised" or any(_INTO.match(s) for s in sql)
+        crashed = crash if wrote and _after(before, job, gen, invoices) is not None else None
+        self.wrote(who, gen, invoices, before, after, crashed=bool(crashed))
+        self.judge(who, job, gen, invoices, before, ran, after, crashed)
+        execute(self.db, "DELETE FROM crash_plan")  # after the judge: it may hold the lock
 
     def race(self, job: str, at: int, a_gen: int, b_gen: int, a_inv: dict, b_inv: dict) -> None:
         """A writes with ``a_gen``; B (``b_gen`` > ``a_gen``) acts just before A's ``at``-th statement."""
-        tracer = self.conns["A"][1]
         s0, seen = _state(self.db), {}
 
         def b_acts():
-            seen["mid"] = _state(self.db)
-            seen["b"] = self.call("B", job, b_gen, b_inv)
-            seen["b_after"] = _state(self.db)
+            seen["mid"], seen["locked"] = _state(self.db), locked_out(self.db)
+            seen["b"], seen["after"] = self.call("B", job, b_gen, b_inv), _state(self.db)
 
-        tracer.before(at, b_acts)
-        out_a = self.call("A", job, a_gen, a_inv)
-        tracer.action = None
-        s_a, a_done = _state(self.db), _after(s0, job, a_gen, a_inv)
+        self.conns["A"][1].before(at, b_acts)
+        ran_a = self.call("A", job, a_gen, a_inv)
+        self.conns["A"][1].action, s_a = None, _state(self.db)
         if not seen:  # A finished before its at-th statement: B comes after A
             self.wrote("A", a_gen, a_inv, s0, s_a)
-            expect(
-                is_bool(out_a, True) and s_a == a_done,
-                f"a write with generation {a_gen} at the fence is "
-                "accepted, stores its invoices and raises the fence",
-                f"A {shown(out_a)}; {_diff(s0, s_a)}",
-            )
+            self.judge("A", job, a_gen, a_inv, s0, ran_a, s_a)
             return self.write("B", job, b_gen, b_inv)
-        mid, out_b, s_b = seen["mid"], seen["b"], seen["b_after"]
+        mid, ran_b, s_b, locked = seen["mid"], seen["b"], seen["after"], seen["locked"]
         if mid != s0:
             self.wrote("A", a_gen, a_inv, s0, mid)
         self.log("A", "pause", "ok", None, f"before its SQL statement {at}", until=self.t + 3.0)
-        if is_bool(out_b, True):
-            self.wrote("B", b_gen, b_inv, mid, s_b)
-        else:
+        if locked:
             self.log("B", "wait", "busy", b_gen, JOB)
+        else:
+            self.wrote("B", b_gen, b_inv, mid, s_b)
         self.log("A", "resume")
         if mid == s0:
             self.wrote("A", a_gen, a_inv, s_b, s_a)
-        expect(
-            mid in (s0, a_done),
-            "a call's writes become visible together, at its COMMIT",
-            f"just before A's statement {at}, another connection saw: {_diff(s0, mid)}",
-        )
-        left_open = any(db.conn.in_transaction for db, _ in self.conns.values())
-        prop = "every call ends its transaction with COMMIT or ROLLBACK"
-        expect(not left_open, prop, "a transaction was left open")
-        if is_bool(out_b, True):
-            expect(
-                s_b == _after(mid, job, b_gen, b_inv),
-                "an accepted write stores its invoices and raises the fence",
-                f"B (generation {b_gen}): {_diff(mid, s_b)}",
-            )
-            if mid == s0:
-                expect(
-                    is_bool(out_a, False) and s_a == s_b,
-                    f"once B has committed generation {b_gen}, A's write with {a_gen} is refused and writes nothing "
-                    f"(B came in just before A's SQL statement {at})",
-                    f"A {shown(out_a)}; {_diff(s_b, s_a)}",
-                )
-            else:
-                expect(
-                    is_bool(out_a, True) and s_a == s_b,
-                    "a write that committed reports True",
-                    f"A {shown(out_a)}; {_diff(s_b, s_a)}",
-                )
-            return
-        expect(
-            busy(out_b) or is_bool(out_b, False),
-            "a writer kept out by the lock waits (SQLite says "
-            "'database is locked' at busy timeout 0) or reports False",
-            f"B {shown(out_b)}",
-        )
-        expect(s_b == mid, "a writer kept out by the lock writes nothing", f"B: {_diff(mid, s_b)}")
-        expect(
-            is_bool(out_a, True) and s_a == a_done,
-            f"while A's transaction holds the lock (B was kept out just before A's statement {at}), A's write "
-            f"with generation {a_gen} commits whole",
-            f"A {shown(out_a)}; {_diff(s0, s_a)}",
-        )
-        self.write("B", job, b_gen, b_inv)  # B's retry, after A's COMMIT
+        saw = f"just before A's statement {at}, another connection saw: {_diff(s0, mid)}"
+        together = "a call's writes become visible together, at its COMMIT"
+        checks = [(mid in (s0, _after(s0, job, a_gen, a_inv)), together, saw, "all or nothing")]
+        if locked:  # A holds the write lock: B is kept out, A commits whole, B tries again after
+            checks += [(busy(ran_b[0]), RULES["locked"], f"B {shown(ran_b[0])}", "propagates")]
+            nothing = "a writer kept out by the lock writes nothing"
+            checks += [(s_b == mid, nothing, f"B: {_diff(mid, s_b)}", "all or nothing")]
+            expect_all(checks)
+            self.judge("A", job, a_gen, a_inv, s0, ran_a, s_a)
+            return self.write("B", job, b_gen, b_inv)
+        expect_all(checks)
+        self.judge("B", job, b_gen, b_inv, mid, ran_b, s_b)
+        if mid == s0:  # B got in before A wrote anything: A is judged after B
+            return self.judge("A", job, a_gen, a_inv, s_b, ran_a, s_a)
+        self.judge("A", job, a_gen, a_inv, s0, ran_a, mid)
 
 
 def _invoices(rng: Random, fresh: list, batch: bool, known: list) -> dict:
@@ -326,11 +311,11 @@ def fenced_trial(answer, schedule: Schedule, history: list, batch: bool) -> None
                 cur = generation_of(db, job)
                 roll = rng.random()
                 if roll < 0.2 and job == JOB:
-                    w.race(job, rng.randint(1, 7), cur, cur + rng.randint(1, 3), inv(), inv())
+                    a_gen = cur + rng.randint(0, 1)
+                    w.race(job, rng.randint(1, 7), a_gen, a_gen + rng.randint(1, 3), inv(), inv())
                 else:
                     gen = max(0, cur + rng.choice([-3, -1, -1, 0, 0, 1, 2]))
-                    batch_ = inv()
-                    who = rng.choice("AB")
+                    batch_, who = inv(), rng.choice("AB")
                     crash = rng.choice(list(batch_)) if roll > 0.85 else None
                     w.write(who, job, gen, batch_, crash=crash)
         last = max(0, generation_of(db, JOB) - 1)
