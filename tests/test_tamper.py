@@ -533,8 +533,8 @@ def test_a_right_answer_passes(verdicts, task, label):
         ("forges the result type with an int subclass", "only plain values cross"),
         ("returns a float whose <= always holds", "only plain values cross"),
         ("returns a dict subclass equal to every key", "only plain values cross"),
-        ("the racy answer itself (the control of the cases that race)", "B came in just before"),
-        ("patches sqlite3.connect and Connection.execute, then races", "B came in just before"),
+        ("the racy answer itself (the control of the cases that race)", "(seed 2, knobs {'story': 'race', 'at': 2})"),
+        ("patches sqlite3.connect and Connection.execute, then races", "(seed 2, knobs {'story': 'race', 'at': 2})"),
     ],
 )
 def test_no_evidence_fails_with_a_clear_message(verdicts, label, words):

@@ -122,7 +122,7 @@ def _random_story(rng: Random) -> dict:
 
 def task(
     task_id: str, title: str, hostile: Iterable[dict], *, count=0, make=_random_story, returns=(),
-    properties: dict | None = None,
+    properties: dict,
 ):  # fmt: skip
     """Register ``trial(answer, schedule, history)`` as the check for ``task_id``.
 
