@@ -160,7 +160,7 @@ def picture(task: str, words: str, failure: Failure) -> str:
     fit_figure(fig, len(lanes_of(history)))
     timeline(result, ax=fig.add_subplot())
     out = io.BytesIO()
-    fig.savefig(out, format="png", dpi=72)
+    fig.savefig(out, format="png", dpi=96)
     return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
 
 
