@@ -77,6 +77,7 @@ def fenced_insert(conn, job, invoice_id, amount, generation):
 }
 
 FENCED_WRONG = {
+    'reads the invoice before raising the fence': (_UPSERT + '\ndef fenced_insert(conn, job, invoice_id, amount, generation):\n    conn.execute("BEGIN IMMEDIATE")\n    try:\n        conn.execute("SELECT amount FROM invoices WHERE job_id = ? AND invoice_id = ?", [job, invoice_id]).fetchall()\n        if not conn.execute(RAISE, {"job": job, "generation": generation}).fetchall():\n            conn.execute("ROLLBACK")\n            return False\n        conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})\n        conn.execute("COMMIT")\n        return True\n    except BaseException:\n        conn.execute("ROLLBACK")\n        raise\n', 'the fence is raised before', 'fence first'),
     "check-then-act: read, compare in Python, write unconditionally": (_UPSERT + '''
 def fenced_insert(conn, job, invoice_id, amount, generation):
     (current,) = conn.execute("SELECT generation FROM job_fence WHERE job_id = ?", [job]).fetchone()
@@ -120,7 +121,7 @@ def fenced_insert(conn, job, invoice_id, amount, generation):
     except BaseException:
         conn.execute("ROLLBACK")
         raise
-''', "the fence is raised before", "fence first"),
+''', "the fence is raised before", ("fence first", "stale")),
     "no transaction: two autocommit statements": (_UPSERT + '''
 def fenced_insert(conn, job, invoice_id, amount, generation):
     if not conn.execute(RAISE, {"job": job, "generation": generation}).fetchall():
@@ -254,6 +255,9 @@ def charge_once(conn, job, key, invoice_id, amount, generation):
         raise
 """
 ONCE_WRONG = {
+    'raises the fence in a transaction of its own, then the key and the charge': (_CHARGE + _ONCE.format(refused="conn.execute('ROLLBACK')\n            return None").replace(
+        "        new = conn.execute(", "        conn.execute('COMMIT')\n        conn.execute('BEGIN IMMEDIATE')\n        new = conn.execute("), 'a crash leaves no charge', 'rolls back'),
+    'answers 0 when the fence refuses': (_CHARGE + _ONCE.format(refused="conn.execute('ROLLBACK')\n            return 0"), 'returns None, charges nothing', 'stale'),
     "the fence alone (no operation key)": (_CHARGE + '''
 import labkit
 def charge_once(conn, job, key, invoice_id, amount, generation):
@@ -329,7 +333,7 @@ def charge_once(conn, job, key, invoice_id, amount, generation):
     return None
 ''', "raises the fence", None),
     "the fence's row count ignored (a stale call charges)": (_CHARGE + _ONCE.format(
-        refused="pass  # the UPDATE matched no row, but the charge goes on"), "is refused: it returns None", "stale"),
+        refused="pass  # the UPDATE matched no row, but the charge goes on"), "is refused: it returns None", ("stale", "first")),
     "a new charge's id never returned (only a repeat gets it)": (_CHARGE + _ONCE.format(
         refused="conn.execute('ROLLBACK')\n            return None").replace(
         "        conn.execute('COMMIT')\n        return charge_id", "        conn.execute('COMMIT')"),
@@ -340,7 +344,7 @@ def charge_once(conn, job, key, invoice_id, amount, generation):
         refused="conn.execute('ROLLBACK')\n            return None").replace(
         "    except BaseException:\n        conn.execute('ROLLBACK')\n        raise",
         "    finally:\n        if conn.conn.in_transaction:\n            conn.execute('COMMIT')"),
-        "a crash leaves no charge", "rolls back"),
+        "a crash leaves no charge", ("rolls back", "first")),
     "errors swallowed: ROLLBACK, then return None": (_CHARGE + _ONCE.format(
         refused="conn.execute('ROLLBACK')\n            return None").replace(
         "    except BaseException:\n        conn.execute('ROLLBACK')\n        raise",
@@ -398,6 +402,8 @@ def record_batch(conn, job, generation, invoices):
         raise
 """
 BATCH_WRONG = {
+    'COMMIT in finally (what came before a crash is committed)': (_UPSERT + '\ndef record_batch(conn, job, generation, invoices):\n    conn.execute("BEGIN IMMEDIATE")\n    try:\n        if not conn.execute(RAISE, {"job": job, "generation": generation}).fetchall():\n            conn.execute("ROLLBACK")\n            return False\n        for invoice_id, amount in invoices.items():\n            conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})\n        return True\n    finally:\n        if conn.conn.in_transaction:\n            conn.execute("COMMIT")\n', 'leaves nothing behind', 'all or nothing'),
+    "reads the batch's invoices before raising the fence": (_UPSERT + '\ndef record_batch(conn, job, generation, invoices):\n    conn.execute("BEGIN IMMEDIATE")\n    try:\n        for invoice_id in invoices:\n            conn.execute("SELECT amount FROM invoices WHERE job_id = ? AND invoice_id = ?", [job, invoice_id]).fetchall()\n        if not conn.execute(RAISE, {"job": job, "generation": generation}).fetchall():\n            conn.execute("ROLLBACK")\n            return False\n        for invoice_id, amount in invoices.items():\n            conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})\n        conn.execute("COMMIT")\n        return True\n    except BaseException:\n        conn.execute("ROLLBACK")\n        raise\n', 'the fence is raised before', 'fence first'),
     "the given check-then-act worker, unchanged": (_UPSERT + '''
 def record_batch(conn, job, generation, invoices):
     (current,) = conn.execute("SELECT generation FROM job_fence WHERE job_id = ?", [job]).fetchone()
@@ -420,7 +426,7 @@ def record_batch(conn, job, generation, invoices):
     except labkit.StaleGeneration:
         return False
     return True
-''', "leaves nothing behind", "all or nothing"),
+''', "leaves nothing behind", ("all or nothing", "newer")),
     "a conditional UPDATE whose row count is ignored": (_UPSERT + '''
 def record_batch(conn, job, generation, invoices):
     conn.execute("BEGIN IMMEDIATE")
@@ -466,7 +472,7 @@ def record_batch(conn, job, generation, invoices):
     except BaseException:
         conn.execute("ROLLBACK")
         raise
-""", "the fence is raised before", "fence first"),
+""", "the fence is raised before", ("fence first", "stale")),
     "no ROLLBACK when the fence refuses (only the error path has one)": (_UPSERT + """
 def record_batch(conn, job, generation, invoices):
     conn.execute("BEGIN IMMEDIATE")

@@ -48,6 +48,9 @@ def test_a_crash_left_open_replays_as_the_crashed_write():
     result = labkit.grading.replayed("02.1", wrong, seed=6)
     assert [(e.worker, e.action, e.outcome) for e in result.history] == [("B", "write", "crashed")]
     assert lanes_of(result.history, 14) and "every call ends its transaction" in result.verdict
+    ax = labkit.grading.replay("02.1", wrong, seed=6)  # the drawing the failure's replay line makes
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["B", "fence"] and ax.collections
+    ax.figure.clf()
 
 
 @pytest.mark.parametrize("task_id,args,value", [
@@ -56,11 +59,13 @@ def test_a_crash_left_open_replays_as_the_crashed_write():
         ("03.1", "conn, job, generation, invoices", ["True", "False", "None", "1"]),
         ("02.2", "conn, job, key, invoice_id, amount, generation", ["None", "0", "1", "2"]),
     ] for v in values])
-def test_a_writer_that_sends_no_sql_scores_nothing(task_id, args, value):
-    """A constant writer sends no SQL: it may break rules, but no rule holds for it (0 points)."""
+@pytest.mark.parametrize("first", ["", 'conn.execute("SELECT 1").fetchall()\n    '])
+def test_a_writer_that_sends_no_sql_scores_nothing(task_id, args, value, first):
+    """A constant writer, with or without a SELECT to look busy, never does the task: it may
+    break rules, but no rule holds for it (0 points)."""
     import contextlib
 
-    answer = define(f"def answer({args}):\n    return {value}\n", "answer")
+    answer = define(f"def answer({args}):\n    {first}return {value}\n", "answer")
     report = labkit.grading.verdict(task_id, lambda: contextlib.nullcontext(answer), "answer")
     assert report.total()[0] == 0 and not any(f.held for f in report.findings), report.text()
 

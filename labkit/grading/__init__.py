@@ -11,6 +11,7 @@ Tasks are registered with :func:`task` in ``labkit/grading/checksNN.py``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import os
@@ -49,8 +50,9 @@ class Broken(Exception):
         super().__init__(f"{prop}: {rule}: {detail}")
 
 
-#: the properties being checked in the schedule that runs now (see :func:`verdict`)
+#: the properties checked in the schedule that runs now, and the breaks it went on after
 _EVIDENCE: list[set] = []
+_LATER: list[list] = []
 
 
 def expect(condition: bool, rule: str, detail: str = "", prop: str = "") -> None:
@@ -62,10 +64,12 @@ def expect(condition: bool, rule: str, detail: str = "", prop: str = "") -> None
         _EVIDENCE[-1].add(prop)
 
 
-def expect_all(checks, *, acted: bool = True) -> None:
+def expect_all(checks, *, acted: bool = True, go_on: bool = False) -> None:
     """Judge every ``(condition, rule, detail, prop)`` of one step, then raise one Broken for all
     that broke (``more`` holds the rest): a rule that held is evidence even beside a broken one,
-    but only if the answer ``acted`` (a call that did nothing can break rules, not keep them)."""
+    but only if the answer ``acted`` (a call that did nothing can break rules, not keep them).
+    With ``go_on`` (a trial whose next steps do not rely on this one) the schedule goes on, and
+    the break counts when it ends."""
     broken = []
     for condition, rule, detail, prop in checks:
         try:
@@ -75,7 +79,10 @@ def expect_all(checks, *, acted: bool = True) -> None:
             broken.append(b)
     if broken:
         first = broken[0]
-        raise Broken(first.prop, first.rule, first.detail, more=tuple(broken[1:]))
+        b = Broken(first.prop, first.rule, first.detail, more=tuple(broken[1:]))
+        if not (go_on and _LATER):
+            raise b
+        _LATER[-1].append(b)
 
 
 #: why an answer scores nothing at all: it is not written, crashed, or broke the boundary
@@ -142,19 +149,25 @@ def task(
     return register
 
 
-def _run(t: Task, answer, schedule: Schedule, history: list) -> None:
+def _run(t: Task, answers, schedule: Schedule, history: list, seen: set, later: list) -> None:
+    """Run one schedule on the answer ``answers()`` yields: ``seen`` gets the properties that
+    held, ``later`` the breaks (Broken); an answer that cannot run raises a problem's Broken."""
     from labkit.grading.judge import Refused
 
+    _EVIDENCE.append(seen), _LATER.append(later)
     try:
-        t.trial(answer, schedule, history)
-    except Broken:
-        raise
+        with answers() as answer:
+            t.trial(answer, schedule, history)
+    except Broken as b:
+        later.append(b)
     except Refused as exc:  # the sandbox's boundary: no evidence is a failure
         raise Broken("plain", "", str(exc)) from None
     except NotImplementedError:
         raise Broken("written", "", "it still raises NotImplementedError") from None
     except Exception as exc:  # the answer crashed: it scores nothing
         raise Broken("runs", "", f"{type(exc).__name__}: {exc}") from None
+    finally:
+        _EVIDENCE.pop(), _LATER.pop()
 
 
 def _task(task_id: str) -> Task:
@@ -167,35 +180,31 @@ def _task(task_id: str) -> Task:
 def verdict(task_id: str, answers, name: str) -> Report:
     """Run every schedule of ``task_id``; ``answers()`` gives a context yielding the answer for
     one schedule. Each property's finding is how many schedules checked it and it held, and the
-    first that broke it. An answer that crashes or is not written stops the trial (it scores
-    nothing); :class:`~labkit.grading.judge.Refused` from ``answers()`` passes through."""
+    first that broke it. An answer that crashes, is not written or is refused by the sandbox
+    stops the trial: it scores nothing."""
     t = _task(task_id)
     held, broken = dict.fromkeys(t.properties, 0), {}
     for schedule in t.schedules:
-        seen, history = set(), []
-        _EVIDENCE.append(seen)
+        seen, history, later = set(), [], []
         try:
-            with answers() as answer:
-                _run(t, answer, schedule, history)
-        except Broken as b:
-            events = tuple(map(dataclasses.asdict, history))
-            fail = Failure(b.rule, b.detail, schedule.name, schedule.seed, schedule.knobs, events)
-            if b.prop in PROBLEMS:
-                problem = Finding(b.prop, PROBLEMS[b.prop], 0, fail)
-                return Report(t.id, t.title, name, _found(t, held, broken), problem)
-            for each in (b, *b.more):
-                seen.add(each.prop)
-                broken.setdefault(
-                    each.prop, dataclasses.replace(fail, rule=each.rule, detail=each.detail)
-                )
-        finally:
-            _EVIDENCE.pop()
+            _run(t, answers, schedule, history, seen, later)
+        except Broken as b:  # only a problem comes out: the answer scores nothing
+            problem = Finding(b.prop, PROBLEMS[b.prop], 0, _failure(b, schedule, history))
+            return Report(t.id, t.title, name, _found(t, held, broken), problem)
+        for each in (b for first in later for b in (first, *first.more)):
+            seen.add(each.prop)
+            broken.setdefault(each.prop, _failure(each, schedule, history))
         if seen - set(t.properties):
             raise LabkitError(f"task {t.id}: its trial checks {seen - set(t.properties)}, "
                               f"which it does not declare ({sorted(t.properties)})")  # fmt: skip
         for prop in seen - set(broken):
             held[prop] += 1
     return Report(t.id, t.title, name, _found(t, held, broken))
+
+
+def _failure(b: Broken, schedule: Schedule, history: list) -> Failure:
+    events = tuple(map(dataclasses.asdict, history))
+    return Failure(b.rule, b.detail, schedule.name, schedule.seed, schedule.knobs, events)
 
 
 def _found(t: Task, held: dict, broken: dict) -> tuple[Finding, ...]:
@@ -263,13 +272,15 @@ def replayed(task_id: str, answer: Any, *, seed: int):
     if seed not in seeds:
         why = f"task {task_id} has no schedule with seed {seed!r}; its seeds are {seeds}"
         raise BadArgument("seed", why)
-    schedule, history = t.schedules[seeds.index(seed)], []
+    schedule, history, later = t.schedules[seeds.index(seed)], [], []
     try:
-        _run(t, answer, schedule, history)
-        verdict = f"task {task_id}: every property held (seed {seed})"
+        _run(t, lambda: contextlib.nullcontext(answer), schedule, history, set(), later)
+        words = [t.properties.get(b.prop, b.prop) for first in later for b in (first, *first.more)]
     except Broken as b:
-        words = t.properties.get(b.prop) or PROBLEMS.get(b.prop, b.prop)
-        verdict = f"task {task_id}: broken: {words} (seed {seed})"
+        words = [PROBLEMS[b.prop]]
+    shown = "; ".join(dict.fromkeys(words))
+    verdict = f"task {task_id}: broken: {shown} (seed {seed})" if words else (
+        f"task {task_id}: every property held (seed {seed})")  # fmt: skip
     params, found = dict(schedule.knobs, seed=seed), tuple(find(history))
     return Result(
         params=params, history=tuple(history), tables={}, violations=found, verdict=verdict

@@ -82,7 +82,7 @@ class _Charger:
 
     def __init__(self, answer, db, conns, history: list) -> None:
         self.answer, self.db, self.conns, self.history = answer, db, conns, history
-        self.done, self.t = {}, 0.0
+        self.done, self.t, self.worked = {}, 0.0, False
 
     def call(self, who: str, req: tuple):
         """``(out, the SQL the call sent, whether it left a transaction open)``."""
@@ -150,9 +150,12 @@ class _Charger:
                 made = len(new) == 1 and new[0][1:] == (job, invoice, amount, gen)
                 checks += [(made, rule["once"], seen, prop)]
                 checks += [(made and out == ("returned", new[0][0]), rule["its id"], seen, prop)]
+                self.worked = self.worked or made
         opened = f"{what} and left its transaction open"
-        expect_all([*checks, (not left_open, ENDS, opened, "ends")], acted=bool(sql))
-        if not crashed and not repeat and gen >= fence:
+        acted = bool(sql) and bool(crashed or self.worked or after != before)  # as in writers
+        checks.append((not left_open, ENDS, opened, "ends"))
+        expect_all(checks, acted=acted, go_on=not left_open)
+        if not crashed and not repeat and gen >= fence and new:
             self.done[key] = new[0][0]
 
     def solo(self, who: str, req: tuple, crash: bool = False) -> None:
@@ -201,7 +204,9 @@ class _Charger:
                 [
                     waited,
                     (s_b == mid, "a repeat kept out by the lock changes nothing", saw, "repeat"),
-                ]
+                ],
+                acted=s_a != s0,
+                go_on=not any(db.conn.in_transaction for db, _ in self.conns.values()),
             )
         if mid == s0:
             self.step("A", req, s_b, ran_a, s_a)

@@ -43,16 +43,17 @@ def _pts(pair: tuple[float, float]) -> str:
 
 
 def failures(report, points=None) -> list[str]:
-    """One line per property that did not score: its words, the seed and the replay call."""
+    """One line per property that did not score: its name and words, the seed and the replay call."""
     out = []
     for f in report.failed():
+        name = f.words if f is report.problem else f"[{f.prop}] {f.words}"
         if f.broken is None:
-            out.append(f"never checked: {f.words}")
+            out.append(f"never checked: {name}")
         elif f.broken.seed is None:
-            out.append(f"{f.words}: {f.broken.detail}")
+            out.append(f"{name}: {f.broken.detail}")
         else:
             replay = f.broken.replay(report.task, report.answer)
-            out.append(f"{f.words} (seed {f.broken.seed}): {replay}")
+            out.append(f"{name} (seed {f.broken.seed}): {replay}")
     return out
 
 
@@ -178,7 +179,8 @@ def _task(report: Report, given) -> list[str]:
             label, kind, pts = "no points until", "broken", ""
         else:
             pts = f" ({shown_points(scored)}/{shown_points(worth)})"
-        out.append(f'<p class="{kind}"><b>{label}</b>: {html.escape(f.words)}{pts}</p>')
+        key = "" if f is report.problem else f" [{html.escape(f.prop)}]"
+        out.append(f'<p class="{kind}"><b>{label}</b>{key}: {html.escape(f.words)}{pts}</p>')
         if f.broken and (f is report.problem or not report.problem):
             lines = f.broken.lines(report.task, report.answer)
             out.append("<pre>" + html.escape("\n".join(lines)) + "</pre>")

@@ -126,7 +126,8 @@ class Report:
         for f in self.findings:
             scored, worth = self.points(given)[f.prop]
             mark = "held" if f.scored else ("BROKEN" if f.broken else "never checked")
-            lines.append(f"  {shown_points(scored)}/{shown_points(worth)}  {mark}: {f.words}")
+            pts = f"{shown_points(scored)}/{shown_points(worth)}"
+            lines.append(f"  {pts}  {mark} [{f.prop}]: {f.words}")
             if f.broken and self.problem is None:
                 lines += [f"      {line}" for line in f.broken.lines(self.task, self.answer)]
         return "\n".join(lines)

@@ -158,6 +158,7 @@ class _Writers:
     def __init__(self, answer, batch: bool, db, conns, history: list) -> None:
         self.answer, self.batch, self.db, self.conns = answer, batch, db, conns
         self.history, self.t = history, 0.0
+        self.worked = False  # an accepted write was stored: from then on refusals are evidence
 
     def call(self, who: str, job: str, gen: int, invoices: dict):
         """``(out, the SQL the call sent, whether it left a transaction open)``."""
@@ -169,6 +170,10 @@ class _Writers:
             ((invoice, amount),) = invoices.items()
             out = call(self.answer, db, job, invoice, amount, gen)
         return out, tracer.sql[start:], db.conn.in_transaction
+
+    def open(self) -> bool:
+        """Whether a connection was left inside a transaction (the schedule cannot go on)."""
+        return any(db.conn.in_transaction for db, _ in self.conns.values())
 
     def log(self, who, action, outcome="ok", gen=None, target=None, until=None, dt=1.0) -> None:
         self.t += dt
@@ -201,9 +206,13 @@ class _Writers:
             prop = "equal" if gen == fence else "newer"
             checks = [(is_bool(out, True), rule["accepted"], what, prop)]
             checks += [(after == want, rule["stores"], f"{what}: {diff}", prop)]
+            self.worked = self.worked or after == want
         opened = f"{what} and left its transaction open: it still holds the write lock"
         checks += [(not left_open, ENDS, opened, "ends"), *_raised_first(sql)]
-        expect_all(checks, acted=bool(sql))
+        # a call is evidence if it sent SQL and wrote, or once the answer has done the task once:
+        # refusing everything, with or without a SELECT, keeps no rule
+        acted = bool(sql) and bool(crashed or self.worked or after != before)
+        expect_all(checks, acted=acted, go_on=not left_open)  # judged on the rows it found
 
     def write(self, who: str, job: str, gen: int, invoices: dict, crash: str | None = None) -> None:
         """One call on its own: log it as the rows show it, then judge it."""
@@ -250,10 +259,10 @@ class _Writers:
             checks += [(busy(ran_b[0]), RULES["locked"], f"B {shown(ran_b[0])}", "propagates")]
             nothing = "a writer kept out by the lock writes nothing"
             checks += [(s_b == mid, nothing, f"B: {_diff(mid, s_b)}", "all or nothing")]
-            expect_all(checks)
+            expect_all(checks, acted=s_a != s0, go_on=not self.open())
             self.judge("A", job, a_gen, a_inv, s0, ran_a, s_a)
             return self.write("B", job, b_gen, b_inv)
-        expect_all(checks)
+        expect_all(checks, acted=s_a != s0, go_on=not self.open())
         self.judge("B", job, b_gen, b_inv, mid, ran_b, s_b)
         if mid == s0:  # B got in before A wrote anything: A is judged after B
             return self.judge("A", job, a_gen, a_inv, s_b, ran_a, s_a)
