@@ -59,10 +59,11 @@ def test_a_crash_left_open_replays_as_the_crashed_write():
         ("03.1", "conn, job, generation, invoices", ["True", "False", "None", "1"]),
         ("02.2", "conn, job, key, invoice_id, amount, generation", ["None", "0", "1", "2"]),
     ] for v in values])
-@pytest.mark.parametrize("first", ["", 'conn.execute("SELECT 1").fetchall()\n    '])
+@pytest.mark.parametrize("first", ["", 'conn.execute("SELECT 1").fetchall()\n    ',
+                                   'conn.execute("SELECT 1").fetchall()\n    raise RuntimeError("no")\n    '])
 def test_a_writer_that_sends_no_sql_scores_nothing(task_id, args, value, first):
-    """A constant writer, with or without a SELECT to look busy, never does the task: it may
-    break rules, but no rule holds for it (0 points)."""
+    """A constant writer, with or without a SELECT to look busy, or one that always raises,
+    never does the task: it may break rules, but no rule holds for it (0 points)."""
     import contextlib
 
     answer = define(f"def answer({args}):\n    {first}return {value}\n", "answer")

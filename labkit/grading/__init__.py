@@ -159,6 +159,8 @@ def _run(t: Task, answers, schedule: Schedule, history: list, seen: set, later: 
         with answers() as answer:
             t.trial(answer, schedule, history)
     except Broken as b:
+        if b.prop in PROBLEMS:  # a trial may find that the answer cannot run, too
+            raise
         later.append(b)
     except Refused as exc:  # the sandbox's boundary: no evidence is a failure
         raise Broken("plain", "", str(exc)) from None
@@ -203,8 +205,12 @@ def verdict(task_id: str, answers, name: str) -> Report:
 
 
 def _failure(b: Broken, schedule: Schedule, history: list) -> Failure:
-    events = tuple(map(dataclasses.asdict, history))
-    return Failure(b.rule, b.detail, schedule.name, schedule.seed, schedule.knobs, events)
+    """Where ``b`` broke, its knobs and events as JSON gives them back (the check cell, the
+    grader and the feedback page then show the same)."""
+    import json
+
+    knobs, events = json.loads(json.dumps([schedule.knobs, list(map(dataclasses.asdict, history))]))
+    return Failure(b.rule, b.detail, schedule.name, schedule.seed, knobs, tuple(events))
 
 
 def _found(t: Task, held: dict, broken: dict) -> tuple[Finding, ...]:

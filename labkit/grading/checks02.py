@@ -162,8 +162,8 @@ class _Charger:
         before = _charges(self.db)
         execute(self.db, "INSERT INTO crash_plan SELECT ? WHERE ?", (req[2], crash))
         ran = self.call(who, req)
-        (out, sql, _), after = ran, _charges(self.db)
-        wrote = out[0] == "raised" or any(_INTO.match(s) for s in sql)
+        (_, sql, _), after = ran, _charges(self.db)
+        wrote = any(_INTO.match(s) for s in sql)  # a crash needs a write: raising is not one
         crashed = crash and wrote and req[4] >= dict(before[0])[req[0]] and req[1] not in self.done
         self.step(who, req, before, ran, after, crashed=crashed)
         execute(self.db, "DELETE FROM crash_plan")  # after the judge: it may hold the lock

@@ -20,6 +20,7 @@ import pathlib
 import re
 import xml.etree.ElementTree as ET
 
+from labkit.errors import LabkitError
 from labkit.grading.scores import Failure, Report, shown_points
 
 __all__ = ["scorecard", "totals", "failures", "write_junit", "write_csv", "write_feedback"]
@@ -119,9 +120,11 @@ def write_csv(subs: list, path: pathlib.Path, points=None) -> None:
             for tid, r in s.results.items():
                 got, possible = r.total((points or {}).get(tid))
                 note = r.problem.broken.detail if r.problem else ""
-                failed = " | ".join(failures(r, points)) if not r.problem else ""
                 row = [s.student, s.exercise, tid, shown_points(got), shown_points(possible)]
-                row += ["pass" if r.passed else "fail", failed, note]
+                row += ["pass" if r.passed else "fail", " | ".join(failures(r)), note]
+                out.writerow(row + [shown_points(x) for x in total[s.student]])
+            if not s.results:  # it matched no exercise: the student still has a row, and why
+                row = [s.student, s.exercise or s.path.name, "", "0", "0", "fail", "", s.problem]
                 out.writerow(row + [shown_points(x) for x in total[s.student]])
 
 
@@ -130,7 +133,7 @@ def write_feedback(subs: list, folder: pathlib.Path, points=None) -> list[pathli
     by_student: dict = {}
     for s in subs:
         name = s.exercise or s.path.name
-        by_student.setdefault(s.student, []).append((name, list(s.results.values())))
+        by_student.setdefault(s.student, []).append((name, list(s.results.values()), s.problem))
     return write_pages(by_student, folder, points)
 
 
@@ -150,12 +153,16 @@ def picture(task: str, words: str, failure: Failure) -> str:
     from labkit.views.plot import fit_figure, timeline
     from labkit.views.scene import lanes_of
 
-    history = tuple(Event(**e) for e in failure.events)
+    try:  # the judge logged these events; an answer's odd value (a time of inf) draws nothing
+        history = tuple(Event(**e) for e in failure.events)
+        found = tuple(check(history))
+    except (LabkitError, TypeError, ValueError):
+        return ""
     if not lanes_of(history):
         return ""
     title = f"task {task}: broken: {words} (seed {failure.seed})"
     params = dict(failure.knobs or {}, seed=failure.seed)
-    result = Result(params, history, {}, tuple(check(history)), title)
+    result = Result(params, history, {}, found, title)
     fig = Figure()
     FigureCanvasAgg(fig)
     fit_figure(fig, len(lanes_of(history)))
@@ -175,6 +182,7 @@ def _task(report: Report, given) -> list[str]:
         scored, worth = points.get(f.prop, (0.0, 0.0))
         kind = "held" if f.scored and not report.problem else ("broken" if f.broken else "never")
         label = {"held": "held", "broken": "broken", "never": "never checked"}[kind]
+        label = "not scored" if report.problem and kind == "never" else label
         if f is report.problem:
             label, kind, pts = "no points until", "broken", ""
         else:
@@ -192,14 +200,17 @@ def _task(report: Report, given) -> list[str]:
 
 
 def page(student: str, notebooks: list[tuple[str, list[Report]]], given=None) -> str:
-    """One student's page: ``notebooks`` are (notebook name, its reports); ``given`` the points."""
-    reports = [r for _, rs in notebooks for r in rs]
+    """One student's page: ``notebooks`` are (notebook name, its reports, why it could not be
+    graded or None); ``given`` the points."""
+    reports = [r for _, rs, _ in notebooks for r in rs]
     got = sum(r.total((given or {}).get(r.task))[0] for r in reports)
     possible = sum(r.total((given or {}).get(r.task))[1] for r in reports)
     name = html.escape(student)
     body = [f"<h1>{name}: {shown_points(got)}/{shown_points(possible)} points</h1>"]
-    for notebook, rs in notebooks:
+    for notebook, rs, problem in notebooks:
         body.append(f"<h2>{html.escape(notebook)}</h2>")
+        if problem:
+            body.append(f'<p class="broken"><b>not graded</b>: {html.escape(problem)}</p>')
         for r in rs:
             body += _task(r, (given or {}).get(r.task))
     head = f'<meta charset="utf-8"><title>{name}: feedback</title><style>{STYLE}</style>'
@@ -213,10 +224,13 @@ def page(student: str, notebooks: list[tuple[str, list[Report]]], given=None) ->
 def write_pages(by_student: dict, folder: pathlib.Path, given=None) -> list[pathlib.Path]:
     """Write ``folder/<student>.html`` for each student of ``by_student`` (student -> notebooks)."""
     folder.mkdir(parents=True, exist_ok=True)
-    written = []
+    written: list[pathlib.Path] = []
     for student, notebooks in by_student.items():
-        safe = re.sub(r"[^\w.-]", "_", student) or "student"
-        path = folder / f"{safe}.html"
+        safe = re.sub(r"[^\w.-]", "_", student).strip(".") or "student"
+        path, n = folder / f"{safe}.html", 1
+        while path in written:  # "a b" and "a_b" get a page each
+            n += 1
+            path = folder / f"{safe}-{n}.html"
         path.write_text(page(student, notebooks, given))
         written.append(path)
     return written

@@ -68,8 +68,8 @@ def weights(props, given=None) -> dict[str, float]:
 
 
 def shown_points(x: float) -> str:
-    """Points in words: ``2.5``, ``3.33``, ``10``."""
-    return f"{round(x, 2):g}"
+    """Points in words: ``2.5``, ``3.33``, ``10``, ``1234567``."""
+    return f"{x:.2f}".rstrip("0").rstrip(".")
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +125,8 @@ class Report:
             lines += [f"    {line}" for line in self.problem.broken.lines(self.task, self.answer)]
         for f in self.findings:
             scored, worth = self.points(given)[f.prop]
-            mark = "held" if f.scored else ("BROKEN" if f.broken else "never checked")
+            mark = "BROKEN" if f.broken else "held" if f.scored else "never checked"
+            mark = mark if self.problem is None or f.broken else "not scored"
             pts = f"{shown_points(scored)}/{shown_points(worth)}"
             lines.append(f"  {pts}  {mark} [{f.prop}]: {f.words}")
             if f.broken and self.problem is None:

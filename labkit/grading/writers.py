@@ -219,8 +219,8 @@ class _Writers:
         before = _state(self.db)
         execute(self.db, "INSERT INTO crash_plan SELECT ? WHERE ?", (crash, bool(crash)))
         ran = self.call(who, job, gen, invoices)
-        after, (out, sql, _) = _state(self.db), ran
-        wrote = out[0] == "raised" or any(_INTO.match(s) for s in sql)
+        after, (_, sql, _) = _state(self.db), ran
+        wrote = any(_INTO.match(s) for s in sql)  # a crash needs a write: raising is not one
         crashed = crash if wrote and _after(before, job, gen, invoices) is not None else None
         self.wrote(who, gen, invoices, before, after, crashed=bool(crashed))
         self.judge(who, job, gen, invoices, before, ran, after, crashed)
