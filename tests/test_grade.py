@@ -214,7 +214,7 @@ def test_the_whole_class_csv_junit_and_feedback_pages(graded, tmp_path):
     assert 0 < float(partial["points"]) < 10 and "(seed " in partial["failed"], partial
 
 
-def test_points_file_weights_properties_and_is_checked(graded, tmp_path):
+def test_points_file_weights_properties_and_is_checked(graded, tmp_path, capsys):
     """``--points`` gives a task's properties their own points; a task or property that does not
     exist, or a negative number, is refused before anything is graded."""
     from labkit import BadArgument
@@ -228,6 +228,9 @@ def test_points_file_weights_properties_and_is_checked(graded, tmp_path):
     assert report.total(points["05.1"]) == (6.0 + len(props), 6.0 + len(props))
     assert graded[1]["right"].results["05.2"].total(points["05.2"]) == (5.0, 5.0)
     assert grader.totals([graded[1]["right"]], points) == {"right": (11.0 + len(props), 11.0 + len(props))}
+    (tmp_path / "some.json").write_text(json.dumps({"05.1": {props[0]: 3}}))
+    assert graded[1]["right"].results["05.1"].total(grader.load_points(tmp_path / "some.json")["05.1"]) == (3, 3)
+    assert f"task 05.1's {sorted(props[1:])} no points" in capsys.readouterr().err
     for bad, word in [({"99.9": 3}, "no task"), ({"05.1": {"nope": 1}}, "no property"), ({"05.1": -1}, ">= 0")]:
         (tmp_path / "bad.json").write_text(json.dumps(bad))
         with pytest.raises(BadArgument, match=word):

@@ -242,6 +242,9 @@ def load_points(path) -> dict:
                 raise BadArgument(
                     "--points", f"task {tid}: points must be a number >= 0, got {n!r}"
                 )
+        if isinstance(value, dict) and set(props) - set(value):  # worth 0: said, not silent
+            left = sorted(set(props) - set(value))
+            print(f"labkit.grade: --points gives task {tid}'s {left} no points", file=sys.stderr)
     return given
 
 
