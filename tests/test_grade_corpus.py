@@ -69,8 +69,12 @@ def test_the_corpus_covers_every_task():
 
 @pytest.mark.parametrize("exercise", [p.stem[:2] for p in EXERCISES])
 def test_right_wrong_and_tampered_submissions(graded, exercise):
-    """Right passes every task; wrong and tampered fail every task."""
+    """Right passes every task with full points; wrong and tampered fail every task, and the
+    tampered copy of the wrong answers scores exactly what they score."""
     right, wrong, tampered = (graded[f"{s}-{exercise}"] for s in ("right", "wrong", "tampered"))
     assert right.results and set(right.outcomes.values()) == {"pass"}, right
     assert set(wrong.results) == set(right.results) and set(wrong.outcomes.values()) == {"fail"}, wrong
     assert set(tampered.results) == set(right.results) and set(tampered.outcomes.values()) == {"fail"}, tampered
+    points = {s.student: grader.totals([s])[s.student] for s in (right, wrong, tampered)}
+    assert points[right.student][0] == points[right.student][1] > points[wrong.student][0], points
+    assert points[tampered.student] == points[wrong.student], points  # tampering gains nothing

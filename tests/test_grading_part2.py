@@ -7,6 +7,9 @@ show that what a check guards against really occurs in its schedules.
 
 from __future__ import annotations
 
+import contextlib
+
+import pytest
 
 import labkit.grading
 from answers import define
@@ -33,7 +36,7 @@ def test_a_late_release_really_deletes_the_successors_lease_when_it_reads_first(
     assert [(e.worker, e.action, e.outcome) for e in history][-2:] == [("B", "acquire", "ok"), ("A", "release", "ok")]
     right = CORPUS["06.1"]["right"]["sqlite-utils cursor, named parameters"]
     broken, history = _trial("06.1", right, "release", "B takes over just before the release's 1st statement")
-    assert broken is None and history[-1].outcome == "lost"
+    assert broken is None and [e.outcome for e in history if e.action == "release" and e.worker == "A"] == ["lost"]
 
 
 def test_a_release_that_deleted_before_the_takeover_is_drawn_before_it():
@@ -101,3 +104,40 @@ def test_a_stale_worker_without_a_fence_really_invoices_after_the_takeover():
     assert broken is None
     assert [(e.worker, e.outcome, e.generation) for e in history if e.action == "write"] == \
         [("B", "ok", 7), ("B", "rejected", 7)] + [("C", "ok", 8)] * 5
+
+
+_BACKOFF = "def backoff(attempt, *, base, cap, rng):\n    return {}\n"
+_HOLDER = ("from labkit.mechanisms.timing import conservative_deadline\n\n"
+           "def keep_working(clock, renew, work, *, acquired_at, ttl, margin, max_drift):\n{}")
+GAMING = {  # answers that once scored points for doing (almost) nothing: (source, points before, now)
+    "06.1 sends a SELECT, then answers False": ("06.1", '''
+def release(db, name, owner, generation):
+    db.execute("SELECT 1")
+    return False
+''', 5.0, 0.0),
+    "06.2 a huge constant": ("06.2", _BACKOFF.format("1e9"), 2.5, 0.0),
+    "06.2 infinity": ("06.2", _BACKOFF.format("float('inf')"), 2.5, 0.0),
+    "06.2 always the cap": ("06.2", _BACKOFF.format("cap"), 2.5, 0.0),
+    "06.2 a tiny constant": ("06.2", _BACKOFF.format("1e-300"), 2.5, 0.0),
+    "06.2 tiny random delays, whatever attempt, base and cap": (
+        "06.2", _BACKOFF.format("rng.random() * 1e-9"), 7.5, 0.0),
+    "06.2 random up to the cap, whatever the attempt (it keeps full jitter and rng)": (
+        "06.2", _BACKOFF.format("rng.random() * cap"), 7.5, 5.0),
+    "05.2 one unit of work before the deadline, then returns": ("05.2", _HOLDER.format(
+        "    if clock.now() < conservative_deadline(acquired_at, ttl, margin, max_drift):\n"
+        "        work()\n"), 20 / 3, 10 / 3),
+    "05.2 one unit of work, then returns": ("05.2", _HOLDER.format("    work()\n"), 10 / 3, 0.0),
+}
+
+
+@pytest.mark.parametrize("label", GAMING)
+def test_an_answer_that_does_almost_nothing_scores_less_than_before(label):
+    """06.1: evidence only from a release that deleted a row (or, in the race, released B's
+    lease for B); 06.2: range and rng only where the delays vary and reach a quarter of the
+    ceiling, growth where they vary in range, full jitter against the ceiling; 05.2: the holder
+    returns only when the job is done, its deadline passed or its last renewal failed."""
+    task_id, source, before, now = GAMING[label]
+    answer = define(source, CORPUS[task_id]["name"])
+    report = labkit.grading.verdict(task_id, lambda: contextlib.nullcontext(answer), "answer")
+    points = report.total()[0]
+    assert points < before and abs(points - now) < 1e-9, report.text()

@@ -117,8 +117,9 @@ class _HolderWorld:
         self.authority = LeaseAuthority(db, self.true)
         self.lease, self.b_holds = None, False
         self.deadline = -math.inf  # the reference deadline from confirmed sends
-        # idle: renewals since the last unit of work; reads: clock reads since time last passed
-        self.units = self.done = self.renewals = self.idle = self.reads = 0
+        # idle: renewals since the last unit of work; reads: clock reads since time last passed;
+        # unsure: the holder's last call was a renewal that was not confirmed
+        self.units = self.done = self.renewals = self.idle = self.reads = self.unsure = 0
         self.first_late = None  # (local issue time, reference deadline) of the first late unit
         self.pause_at = self.k.get("pause_at")
         self.runaway = None
@@ -157,6 +158,7 @@ class _HolderWorld:
     def _confirm(self, sent_local: float) -> None:
         ttl, margin, drift = self.k["ttl"], self.k["margin"], self.k["max_drift"]
         self.deadline = max(self.deadline, _worst_case(sent_local, ttl, margin, drift))
+        self.unsure = False
 
     def start(self, job: str) -> float:
         sent = self.now()
@@ -168,7 +170,7 @@ class _HolderWorld:
         return sent
 
     def renew(self) -> bool:
-        self.renewals, self.idle = self.renewals + 1, self.idle + 1
+        self.renewals, self.idle, self.unsure = self.renewals + 1, self.idle + 1, True
         if self.renewals > 50 * self.k["units"] + 200 or self.idle > 200 or self.runaway:
             self._stop("the holder loop keeps renewing without working or stopping")
         sent = self.now()
@@ -195,7 +197,7 @@ class _HolderWorld:
     def work(self) -> bool:
         if self.done >= self.k["units"] + 5 or self.runaway:
             self._stop("the holder loop keeps calling work() after it returned False")
-        local, self.idle = self.now(), 0
+        local, self.idle, self.unsure = self.now(), 0, False
         if local >= self.deadline and self.first_late is None:
             self.first_late = (local, self.deadline, self.true.now())
         unit = f"unit {self.done + 1}"
@@ -303,13 +305,6 @@ def holder_check(answer, schedule: Schedule, history: list) -> None:
             )
         except _Runaway:
             pass
-        if world.runaway or world.done:  # a holder that never worked is judged by nothing here
-            expect(
-                world.runaway is None,
-                "the holder loop ends: it returns when the job is done or when it may no longer act",
-                str(world.runaway),
-                prop="ends",
-            )
         if world.first_late is not None:
             local, deadline, true = world.first_late
             what = "with no confirmed lease, at"
@@ -331,6 +326,18 @@ def holder_check(answer, schedule: Schedule, history: list) -> None:
                 "and finishes the job",
                 f"it stopped after {world.done} of {k['units']} units",
                 prop="finishes",
+            )
+        local, deadline = world.offset + world.rate * world.true.now(), world.deadline
+        over = world.done >= k["units"] or local >= deadline - 1e-9 * abs(deadline)
+        if world.runaway or world.done:  # a holder that never worked is judged by nothing here
+            expect(  # giving up at an unconfirmed renewal is stricter than needed, and allowed
+                world.runaway is None and (over or world.unsure),
+                "the holder loop ends: it returns when the job is done or when it may no longer "
+                "act (its deadline has passed, or its last renewal was not confirmed)",
+                world.runaway
+                or f"it returned at local t={local:.6g}, before the deadline "
+                f"t={deadline:.6g}, after {world.done} of {k['units']} units and no failed renewal",
+                prop="ends",
             )
         late = [
             v for v in violations(history) if v.kind in ("acted_after_expiry", "stale_accepted")

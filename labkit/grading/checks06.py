@@ -11,6 +11,7 @@ property broken everywhere does not hide the others.
 
 from __future__ import annotations
 
+import math
 from random import Random, getstate as global_state, seed as seed_global, setstate as restore_global
 
 from labkit.grading.lab import between_statements, lease_event, scratch
@@ -117,18 +118,28 @@ def release_check(answer, schedule: Schedule, history: list) -> None:
             at, when = seen["at"]
         outcome = "ok" if got else "lost"
         history.insert(at, Event(when, caller, "release", outcome, mine.generation, target=job))
-        counters, after = execute(db, "SELECT * FROM lease_counter ORDER BY name"), _leases(db)
-        kept, racing = counters == seen["counters"], race["done"]
+        counted = "SELECT * FROM lease_counter ORDER BY name"
+        kept, after, racing = execute(db, counted) == seen["counters"], _leases(db), race["done"]
+        b_row = (job, b, mine.generation + 1)
         if racing:  # B took over mid-release
             should = not seen["present"]  # True only if A's row was gone before B came
-            expected = sorted([r for r in before if r[0] != job] + [(job, b, mine.generation + 1)])
+            expected = sorted([r for r in before if r[0] != job] + [b_row])
         else:
             should = story in ("own", "two_names", "race")
             expected = [r for r in before if r != mine_row] if should else before
+        # it did the task: it deleted A's row before B came, or changed what B alone would leave
+        did = not kept or after != (expected if racing else before) or racing and should
         if story == "race" and not racing:
             take_over(b)  # B arrives after an undisturbed release
         what = _story(story if story != "race" or racing else "own", a, b)
         found = [v for v in violations(history) if v.kind == "foreign_release"]
+        if story == "race" and not did:  # a release that rightly did nothing in the race keeps
+            rows = _leases(db)  # its rules only if it does release a lease: B releases its own
+            freed = answer(db, job, b, b_row[2])
+            outcome = "ok" if freed else "lost"
+            history.append(Event(clock.now(), b, "release", outcome, b_row[2], target=job))
+            did = freed is True and b_row in rows and _leases(db) == [r for r in rows if r != b_row]
+            kept = kept and execute(db, counted) == seen["counters"]
 
         own = "race" if racing else "own only"  # whose rows these are: the race's, or A's own
         rule = "the release deletes the caller's lease only, and only while owner and generation"
@@ -146,18 +157,20 @@ def release_check(answer, schedule: Schedule, history: list) -> None:
                 (own, not found, "a late release never deletes another holder's lease",
                  found[0].message if found else ""),
             ],
-            [  # a release that wrote nothing left the counter alone, trivially
+            [
                 ("counter", kept, "a release never touches the permanent generation counter",
                  "lease_counter changed"),
-            ] if not kept or after != before else [],
+            ],
+            acted=did,  # a release that did nothing keeps every rule, trivially
         )  # fmt: skip
 
 
-def _in_turn(*groups: list) -> None:
-    """Judge every ``(property, holds, rule, detail)`` of the groups (see ``expect_all``)."""
-    expect_all(
-        [(holds, rule, detail, prop) for group in groups for prop, holds, rule, detail in group]
-    )
+def _in_turn(*groups: list, acted: bool = True) -> None:
+    """Judge every ``(property, holds, rule, detail[, acted])`` of the groups together (see
+    ``expect_all``): one that held is evidence only where the answer ``acted``."""
+    checks = [(*check, acted)[:5] for group in groups for check in group]
+    expect_all([(holds, rule, detail, prop) for prop, holds, rule, detail, did in checks
+                if did or not holds])  # fmt: skip
 
 
 def _story(story: str, a: str, b: str) -> str:
@@ -228,39 +241,52 @@ def backoff_check(answer, schedule: Schedule, history: list) -> None:
             runs.append((attempt, min(cap, base * 2**attempt), first, again))
     finally:
         restore_global(saved)
-    for attempt, _, first, _ in runs[:6]:  # for the replay: one contender's waits
-        t = history[-1].until if history else 0.0
+    for attempt, _, first, _ in runs[:6]:  # for the replay: one contender's waits (finite ones:
+        t = history[-1].until if history else 0.0  # a delay out of all bounds is drawn as 100 cap)
+        wait = first[0] if _number(first[0]) and abs(first[0]) <= 100 * cap else 100 * cap
         history.append(Event(t, "A", "acquire", "held", target="lease"))
-        history.append(Event(t, "A", "wait", "ok", until=t + first[0]))
+        history.append(Event(t, "A", "wait", "ok", until=t + wait))
 
     grow = "the delays reach up towards min(cap, base * 2**attempt)"
     fit = "delays are jittered over the whole range (full jitter): different rngs spread them "
     same = "the delay depends only on the arguments and the rng passed in (the same seed gives "
     same += "the same delay, whatever the global random does)"
-    varies = len({d for run in runs for d in run[2]}) > 1  # a constant is reproducible, trivially
+    # a constant, or delays far below the ceiling, keep range and rng trivially: those hold only
+    # where the delays vary and reach a quarter of the ceiling; growth where they vary, in range
+    # (give or take jitter on top); before the cap they start small: not past twice the ceiling
+    varies = len({d for run in runs for d in run[2] if _number(d)}) > 1
+    real = {n: varies and max(first) >= c / 4 for n, c, first, _ in runs}
     _in_turn(
-        [  # delays of zero lie in any range, trivially
-            ("range", all(0 <= d <= c * (1 + 1e-9) for d in first),
-             f"every delay lies in [0, min(cap, base * 2**attempt)] = [0, {c:g}] at attempt {n}",
-             f"saw delays from {min(first):g} to {max(first):g}")
-            for n, c, first, _ in runs if any(first)
-        ],
         [
-            ("growth", max(first) >= 0.65 * c,
-             f"{grow} = {c:g} at attempt {n} (exponential growth, up to the cap)",
-             f"the largest of {SAMPLES} delays was {max(first):g}")
+            ("range", all(_number(d) and 0 <= d <= c * (1 + 1e-9) for d in first),
+             f"every delay lies in [0, min(cap, base * 2**attempt)] = [0, {c:g}] at attempt {n}",
+             f"saw delays from {min(first):g} to {max(first):g}", real[n])
             for n, c, first, _ in runs
         ],
-        [  # its shape, whatever its height (that is growth's): about half below half the top
+        [
+            ("growth", 0.65 * c <= max(first) and (max(first) <= 2 * c or c == cap),
+             f"{grow} = {c:g} at attempt {n} (exponential growth, up to the cap"
+             + (")" if c == cap else f"; still below the cap, not past {2 * c:g})"),
+             f"the largest of {SAMPLES} delays was {max(first):g}",
+             varies and max(first) <= 2 * c)
+            for n, c, first, _ in runs
+        ],
+        [  # its shape where it reaches half the ceiling (its height is growth's, a delay above
+            # the ceiling range's): about half below half the ceiling (or the largest, if above)
             # (the bounds here and in growth fail a fresh uniform sample about once in 10**4 runs)
             ("full jitter", 3 <= low <= SAMPLES - 3,
-             f"{fit}uniformly from zero up, about half below half the largest, at attempt {n}",
-             f"{low} of {SAMPLES} delays lie below {max(first) / 2:g}, half the largest")
-            for n, _, first, _ in runs for low in [sum(d < max(first) / 2 for d in first)]
+             f"{fit}uniformly from zero up, about half below half the ceiling, at attempt {n}",
+             f"{low} of {SAMPLES} delays lie below {top / 2:g}, half of {top:g}")
+            for n, c, first, _ in runs for top in [max(c, max(first))] if max(first) >= top / 2
+            for low in [sum(d < top / 2 for d in first)]
         ],
         [
             ("rng", first[:AGAIN] == again, same,
-             f"attempt {n}: two runs with equal seeds gave {first[0]!r} and {again[0]!r}")
-            for n, _, first, again in runs if varies
+             f"attempt {n}: two runs with equal seeds gave {first[0]!r} and {again[0]!r}", real[n])
+            for n, _, first, again in runs
         ],
     )  # fmt: skip
+
+
+def _number(d) -> bool:
+    return isinstance(d, (int, float)) and math.isfinite(d)
