@@ -151,3 +151,26 @@ def test_every_prediction_property_sees_overwrites_and_safe_runs():
         prop = "edges" if EDGES[0] <= pause - ttl <= EDGES[1] else "far"
         seen.setdefault(prop, set()).add(pause > ttl + 1.5)
     assert seen == {"far": {True, False}, "edges": {True, False}}
+
+
+@pytest.mark.parametrize("task_id,head,body", [
+    ("01.1", "find_lost_updates(history)", "return list(history)"),
+    ("01.1", "find_lost_updates(history)", "return history[:2]"),
+    ("01.1", "find_lost_updates(history)", "return history[-1:]"),
+    ("04.1", "issue(store, authority, name, recovered)",
+     'store.execute("UPDATE epoch_counter SET counter = counter")\n    return (0, 1)'),
+    ("04.1", "issue(store, authority, name, recovered)",
+     'store.execute("UPDATE epoch_counter SET counter = counter + 1")\n    return (0, 1)'),
+    ("04.2", "cleanup(conn, now)", 'conn.execute("UPDATE leases SET ttl = ttl")\n    return 0'),
+    ("04.2", "cleanup(conn, now)", 'conn.execute("UPDATE leases SET ttl = ttl + 1")\n    return 0'),
+])
+def test_an_answer_that_only_looks_busy_scores_nothing(task_id, head, body):
+    """01.1 handing back the history (or its ends), 04.1 touching the counter row and issuing a
+    constant, 04.2 updating leases and deleting none: no property scores (0 points), though an
+    UPDATE counts as a change for SQLite and the history's events come in order."""
+    import contextlib
+
+    name = head.split("(")[0]
+    answer = define(f"def {head}:\n    {body}\n", name)
+    report = labkit.grading.verdict(task_id, lambda: contextlib.nullcontext(answer), name)
+    assert report.total()[0] == 0 and not any(f.scored for f in report.findings), report.text()
