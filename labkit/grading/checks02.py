@@ -117,35 +117,14 @@ class _Charger:
         elif gen < fence:
             checks = [(after == before and out == ("returned", None), rule["stale"], seen, "stale")]
         else:
-            prop, raised = (
-                "repeat" if repeat else "first",
-                tuple((j, gen if j == job else g) for j, g in before[0]),
-            )
-            checks = [
-                (
-                    after[0] == raised,
-                    rule["raises"],
-                    f"{what}: fence {before[0]} -> {after[0]}",
-                    prop,
-                )
-            ]
+            prop = "repeat" if repeat else "first"
+            raised = tuple((j, gen if j == job else g) for j, g in before[0])
+            moved = f"{what}: fence {before[0]} -> {after[0]}"
+            checks = [(after[0] == raised, rule["raises"], moved, prop)]
             if repeat:
-                checks += [
-                    (
-                        not new,
-                        rule["nothing"],
-                        f"{seen} after the key's charge {first} committed",
-                        prop,
-                    )
-                ]
-                checks += [
-                    (
-                        out == ("returned", first),
-                        rule["same id"],
-                        f"{what}, the first was {first}",
-                        prop,
-                    )
-                ]
+                again = f"{seen} after the key's charge {first} committed"
+                checks += [(not new, rule["nothing"], again, prop)]
+                checks += [(out == ("returned", first), rule["same id"], f"{what}, the first was {first}", prop)]  # fmt: skip
             else:
                 made = len(new) == 1 and new[0][1:] == (job, invoice, amount, gen)
                 checks += [(made, rule["once"], seen, prop)]
