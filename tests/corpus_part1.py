@@ -426,7 +426,7 @@ def record_batch(conn, job, generation, invoices):
     except labkit.StaleGeneration:
         return False
     return True
-''', "leaves nothing behind", ("all or nothing", "newer")),
+''', "leaves nothing behind", "all or nothing"),
     "a conditional UPDATE whose row count is ignored": (_UPSERT + '''
 def record_batch(conn, job, generation, invoices):
     conn.execute("BEGIN IMMEDIATE")

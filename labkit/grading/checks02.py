@@ -34,7 +34,7 @@ FENCED = {
 }
 
 
-@task("02.1", "the fenced insert", FENCED_HOSTILE, count=16, returns=BOOL, properties=FENCED)
+@task("02.1", "the fenced insert", FENCED_HOSTILE, count=12, returns=BOOL, properties=FENCED)
 def fenced_insert_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 02.1: ``answer(conn, job, invoice_id, amount, generation) -> bool``."""
     fenced_trial(answer, schedule, history, batch=False)
@@ -212,7 +212,7 @@ ONCE_HOSTILE = hostile(
     "02.2",
     "the charge that happens once per key",
     ONCE_HOSTILE,
-    count=14,
+    count=10,
     returns=(int, NONE),
     properties=ONCE,
 )

@@ -28,7 +28,7 @@ BATCH = {
 
 
 @task(
-    "03.1", "the race-free batch writer", FENCED_HOSTILE, count=16, returns=BOOL, properties=BATCH
+    "03.1", "the race-free batch writer", FENCED_HOSTILE, count=12, returns=BOOL, properties=BATCH
 )
 def batch_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 03.1: ``answer(conn, job, generation, invoices) -> bool``, all invoices or none."""

@@ -185,7 +185,7 @@ RESUME_HOSTILE = hostile(
 
 
 @task(
-    "07.2", "resuming with operation ids", RESUME_HOSTILE, count=16, make=_resume_knobs,
+    "07.2", "resuming with operation ids", RESUME_HOSTILE, count=12, make=_resume_knobs,
     properties={
         "own transaction": "each unit's invoice commits in a fenced transaction of its own",
         "stale refused": "a stale worker's step is refused by the fence and writes nothing",
