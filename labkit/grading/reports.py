@@ -43,7 +43,7 @@ def _pts(pair: tuple[float, float]) -> str:
     return f"{shown_points(pair[0])}/{shown_points(pair[1])}"
 
 
-def failures(report, points=None) -> list[str]:
+def failures(report) -> list[str]:
     """One line per property that did not score: its name and words, the seed and the replay call."""
     out = []
     for f in report.failed():
@@ -73,7 +73,7 @@ def scorecard(subs: list, points=None) -> str:
         note = (s.exercise or s.path.name) + (f"  ({s.problem})" if s.problem else "")
         lines.append(f"{s.student.ljust(width)}  {cells}  {_pts(total[s.student]):<7}  {note}")
         for tid, r in s.results.items():
-            broken += [f"  {s.student} {tid}: {line}" for line in failures(r, points)]
+            broken += [f"  {s.student} {tid}: {line}" for line in failures(r)]
     return "\n".join(lines + (["", "what did not score:"] + broken if broken else []))
 
 
@@ -94,9 +94,7 @@ def write_junit(subs: list, path: pathlib.Path, points=None) -> None:
                 value=_pts(r.total(given)),
             )
             if not r.passed:
-                message = f"task {tid}: {_pts(r.total(given))} points; " + "; ".join(
-                    failures(r, given)
-                )
+                message = f"task {tid}: {_pts(r.total(given))} points; " + "; ".join(failures(r))
                 ET.SubElement(case, "failure", message=message).text = r.text(given)
         if not s.results:
             case = ET.SubElement(suite, "testcase", classname=s.student, name=s.path.name)

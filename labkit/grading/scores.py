@@ -123,8 +123,9 @@ class Report:
         if self.problem is not None:
             lines.append(f"  no points until {self.problem.words}")
             lines += [f"    {line}" for line in self.problem.broken.lines(self.task, self.answer)]
+        points = self.points(given)
         for f in self.findings:
-            scored, worth = self.points(given)[f.prop]
+            scored, worth = points[f.prop]
             mark = "BROKEN" if f.broken else "held" if f.scored else "never checked"
             mark = mark if self.problem is None or f.broken else "not scored"
             pts = f"{shown_points(scored)}/{shown_points(worth)}"
