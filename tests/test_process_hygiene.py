@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 from polling import wait_for
 
 import labkit.processes.team
+from labkit.engines import servers
 from labkit.processes.team import Team
 
 SHM = Path("/dev/shm")
@@ -163,3 +165,52 @@ def test_a_team_without_a_root_leaves_no_folder_once_its_process_is_gone(tmp_pat
     with Team(1) as team:
         assert not Path(made).exists()
         assert Path(team.run_dir).is_dir()  # its own folder stays while this process lives
+
+
+@contextlib.contextmanager
+def interrupted_inside_poll(procs):
+    """Leave each Popen as a Ctrl-C inside ``Popen.poll()`` leaves it: CPython takes the Popen's
+    private waitpid lock just before its ``try``, so an interrupt between the two keeps it held,
+    and ``Popen.wait()`` then blocks forever (what hung interrupted chaos runs). On the way out
+    the locks are let go, so that a failing test still cleans up."""
+    held = [proc._waitpid_lock for proc in procs]
+    assert all(lock.acquire(False) for lock in held)
+    try:
+        yield
+    finally:
+        for lock in held:
+            lock.release()
+
+
+def finishes(call, what: str) -> None:
+    done = threading.Thread(target=call, daemon=True)
+    done.start()
+    done.join(30)  # a bound on a hang, not a timing claim: it finishes at once or never
+    assert not done.is_alive(), f"{what} blocks on the lock an interrupt left held"
+
+
+def test_stop_ends_every_worker_even_after_an_interrupt_inside_poll(tmp_path):
+    """A team whose workers' Popen locks an interrupt left held still stops: every process is
+    reaped and gone."""
+    with Team(2, ttl=0.5, root=tmp_path) as team:
+        team.start()
+        pids = [team.pid(name) for name in team.names]
+        with interrupted_inside_poll(team.procs.values()):
+            finishes(team.stop, "Team.stop")
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+
+
+def test_a_server_stops_even_after_an_interrupt_inside_poll():
+    """The same for a throwaway server: stop() reaps its process and removes its folder."""
+
+    class Sleeper(servers.Throwaway):
+        kind = "sleeper"
+
+        def _start(self) -> None:
+            self.spawn("sleep", "60", log=self.folder / "log")
+
+    with Sleeper() as server:
+        pid, folder = server.process.pid, server.folder
+        with interrupted_inside_poll([server.process]):
+            finishes(server.stop, "Throwaway.stop")
+    assert not os.path.exists(f"/proc/{pid}") and not folder.exists()

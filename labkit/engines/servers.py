@@ -26,7 +26,7 @@ from typing import NamedTuple
 from labkit.errors import LabkitError
 
 __all__ = ["MissingBinary", "ServerFailed", "Throwaway", "binary", "free_port", "as_user"]
-__all__ += ["Step", "descendants", "kill_tree", "proc_state", "sweep"]
+__all__ += ["Step", "descendants", "kill_tree", "proc_state", "reap", "sweep"]
 
 PREFIX = "labkit-server-"
 
@@ -129,13 +129,42 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def reap(process: subprocess.Popen, timeout: float | None = None) -> int | None:
+    """Wait until ``process`` has ended and return its exit code, as ``process.wait(timeout)``
+    does (subprocess.TimeoutExpired after ``timeout`` seconds), but safe on an exit path.
+
+    Why not ``Popen.wait``: ``Popen.poll`` takes a private lock just before its ``try``. An
+    interrupt that lands between the two (a Ctrl-C while a loop polls its children, which is
+    what a chaos run does every 10 ms) leaves that lock held for good, and every later
+    ``wait()`` then blocks forever. This waits with ``os.waitpid`` and never takes the lock.
+    """
+    tries = None if timeout is None else max(1, round(timeout * 100))
+    while tries is None or tries > 0:
+        if process.returncode is not None:
+            return process.returncode
+        try:
+            pid, status = os.waitpid(process.pid, os.WNOHANG if tries else 0)
+        except ChildProcessError:  # another waiter took its status: Popen will set returncode
+            pid = 0
+            tries = 100 if tries is None else tries  # give it a second, then call it gone
+        if pid == process.pid:
+            process.returncode = os.waitstatus_to_exitcode(status)
+            return process.returncode
+        if tries is not None:
+            tries -= 1
+            time.sleep(0.01)
+    if timeout is None:
+        return process.returncode
+    raise subprocess.TimeoutExpired(process.args, timeout)
+
+
 def kill_tree(process: subprocess.Popen) -> None:
     """SIGKILL ``process`` and everything below it, and wait until all of them are gone."""
     below = descendants(process.pid)
     for pid in [process.pid, *below]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    process.wait()
+    reap(process)
     for _ in range(1000):  # the children were reparented: they vanish once reaped by init
         if not any(_alive(pid) and proc_state(pid) != "Z" for pid in below):
             return
@@ -245,7 +274,7 @@ class Throwaway:
         if process is not None and process.poll() is None:
             try:
                 process.send_signal(self.stop_signal)
-                process.wait(10)
+                reap(process, 10)
             except subprocess.TimeoutExpired:
                 kill_tree(process)
             except BaseException:  # an interrupt while waiting: never leave it running

@@ -27,7 +27,7 @@ from random import Random
 from labkit.clock import RealClock
 from labkit.db import connect, execute, transaction
 from labkit.engines.etcd_leases import authority
-from labkit.engines.servers import as_user, proc_state, sweep
+from labkit.engines.servers import as_user, proc_state, reap, sweep
 from labkit.errors import BadArgument, Busy, LabkitError, check_number
 from labkit.fence import Fence
 from labkit.processes.workers import IDLE, IN_TX, LINES, WORKING, WorkerSpec, append, board
@@ -280,7 +280,7 @@ class Team:
         proc = self.procs.get(name)
         if proc is not None:
             proc.kill()  # a no-op if it has exited
-            proc.wait()
+            reap(proc)  # not proc.wait(): an interrupt inside poll() can leave its lock held
             self._frozen.pop(name, None)
             if not self._closed:
                 self.board[self.names.index(name)] = IDLE
