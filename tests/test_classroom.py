@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from labkit.errors import BadArgument
+from labkit.errors import BadArgument, BadArgumentType
 from tests import engines
 
 
@@ -16,10 +16,11 @@ def room_server():
     engines.require_postgres()
     from labkit.engines import classroom
     from labkit.engines.postgres import PostgresServer
+    from labkit.engines.room import Room
 
     with PostgresServer(settings=engines.FAST) as server:
-        password = classroom.install(server.url, ttl=0.5)
-        room = classroom.Room(server.url)
+        password = classroom.install(server.url, ttl=0.5, seats=31)
+        room = Room(server.url)
         yield server, f"postgresql://labkit_room:{password}@127.0.0.1:{server.port}/postgres", room
         room.close()
 
@@ -146,12 +147,51 @@ def test_a_paused_student_writes_after_its_lease_and_the_fence_refuses_it(room):
     while (won := ben.acquire()) is None:  # her lease runs out while she is paused
         expired.wait(0.05)
     assert ben.write(won[0])
-    assert ana.write(generation, True) is False
-    assert ana.write(generation, False) is True  # unprotected, the same stale write lands
+    assert ana.write(generation) is False
+    admin.protect(False)  # the instructor's choice: the same stale write lands
+    try:
+        assert admin.protected is False and ana.write(generation) is True
+    finally:
+        admin.protect(True)
     kinds = [(r[3], r[4], r[5]) for r in admin.events() if r[4] in ("pause", "write")]
     assert kinds == [("ana", "pause", "ok"), ("ben", "write", "ok"), ("ana", "write", "rejected"),
                      ("ana", "write", "ok")]  # fmt: skip
     ana.close(), ben.close()
+
+
+def test_a_student_cannot_choose_an_unfenced_write(room):
+    """The old hole, write(name, secret, generation, NULL), is gone: no call of a student's
+    decides whether a write is fenced, and the stale write is refused however it is asked."""
+    from labkit.engines.student import register
+
+    _, url, admin = room
+    ana, ben = register(url, "ana"), register(url, "ben")
+    old = ana.acquire()[0]
+    ana.release(old)
+    ben.write(ben.acquire()[0])
+    with connect_as(ana) as conn:
+        for fenced in (None, False, True):
+            statement = "SELECT labkit.write(%s, %s, %s, %s)"
+            assert refused(conn, statement, [ana.name, ana.secret, old, fenced]) == "42883"
+        found = conn.execute("SELECT labkit.write(%s, %s, %s)", [ana.name, ana.secret, old])
+        assert found.fetchall() == [(False,)]
+    assert ana.write(old) is False and admin.fence() == 2
+    assert [r[5] for r in admin.events() if r[3] == "ana" and r[4] == "write"] == ["rejected"] * 2
+    ana.close(), ben.close()
+
+
+def test_only_the_instructor_decides_whether_the_room_is_fenced(room):
+    """The setting is a row students cannot read or change, and protect() checks its input."""
+    from labkit.engines.student import register
+
+    _, url, admin = room
+    ana = register(url, "ana")
+    with connect_as(ana) as conn:
+        assert refused(conn, "UPDATE labkit.room SET value = 'off'") == "42501"
+    assert admin.protected is True
+    with pytest.raises(BadArgumentType, match="on"):
+        admin.protect("off")
+    ana.close()
 
 
 def test_reset_empties_the_room(room):
@@ -206,8 +246,8 @@ def test_a_taken_name_is_refused(room):
 
 def test_joined_workers_run_and_stop(room):
     """Three joined workers take turns on the lease; stop() ends each; no violation when fenced."""
+    from labkit.classroom import history
     from labkit.engines.student import join
-    from labkit.processes.live import room_history as history
     from labkit.sim import check
 
     _, url, admin = room
@@ -224,7 +264,7 @@ def test_joined_workers_run_and_stop(room):
 
 def test_the_lan_flag_warns_that_anyone_on_the_network_can_reach_the_server():
     """Only the warning is tested: nothing binds or sends traffic off this machine."""
-    from labkit.engines.classroom import lan_warning
+    from labkit.engines.room import lan_warning
 
     text = lan_warning("192.168.1.20")
     assert "192.168.1.20" in text and "anyone on that network can reach it" in text
@@ -233,7 +273,7 @@ def test_the_lan_flag_warns_that_anyone_on_the_network_can_reach_the_server():
 
 def test_serve_refuses_an_address_that_is_not_one():
     """A bad --lan value names ``address`` before any server starts."""
-    from labkit.engines.classroom import serve
+    from labkit.engines.room import serve
 
     with pytest.raises(BadArgument, match="address"):
         serve("my laptop", out=lambda *_: None)
