@@ -262,6 +262,88 @@ def test_joined_workers_run_and_stop(room):
     assert check(events) == []
 
 
+def test_pausing_an_unknown_student_names_it_and_queues_nothing(room):
+    """A typo in pause() is a BadArgument naming the name; the known names are not paused either."""
+    from labkit.engines.student import register
+
+    _, url, admin = room
+    ana = register(url, "ana")
+    with pytest.raises(BadArgument, match="names.*'nobody'.*registered: ana"):
+        admin.pause(["ana", "nobody"], 2)
+    with pytest.raises(BadArgument, match="names"):
+        admin.pause(["Ana"], 2)
+    assert admin.conn.execute("SELECT count(*) FROM labkit.pauses").fetchone() == (0,)
+    assert ana.acquire()[2] == 0.0
+    ana.close()
+
+
+def test_pauses_queue_one_per_win(room):
+    """Two pauses before Ana next wins are two pauses: her next two wins take them in order."""
+    from labkit.engines.student import register
+
+    _, url, admin = room
+    ana = register(url, "ana")
+    admin.pause("ana", 0.2)
+    admin.pause(["ana"], 0.3)
+    first = ana.acquire()
+    ana.release(first[0])
+    second = ana.acquire()
+    ana.release(second[0])
+    assert (first[2], second[2], ana.acquire()[2]) == (0.2, 0.3, 0.0)
+    pauses = [r[6] for r in admin.events() if r[4] == "pause"]
+    assert pauses == [first[0], second[0]]
+    ana.close()
+
+
+@pytest.mark.parametrize("flag, value", [("--ttl", "0"), ("--ttl", "-1"), ("--ttl", "nan"),
+                                         ("--ttl", "inf"), ("--ttl", "soon"), ("--seats", "0"),
+                                         ("--seats", "2.5"), ("--cap", "0")])  # fmt: skip
+def test_serve_refuses_a_bad_number_with_a_message(flag, value, capsys):
+    """No traceback and no server: argparse's usage error, naming the flag."""
+    from labkit.engines.room import main
+
+    with pytest.raises(SystemExit) as caught:
+        main(["serve", flag, value])
+    assert caught.value.code == 2
+    error = capsys.readouterr().err
+    assert flag in error and "Traceback" not in error
+
+
+def test_serve_keeps_the_superuser_off_the_screen_and_the_lan(tmp_path):
+    """The screen shows the students' full line; the instructor's URL is in a file only its
+    owner reads, gone when the server stops; --lan's one rule opens the students' logins only."""
+    import os
+    import re
+    import stat
+
+    from labkit.engines.room import LAN_RULE, Room, serve
+    from labkit.engines.student import register
+
+    engines.require_postgres()
+    shown, seen = [], {}
+
+    def wait():
+        path = re.search(r"your URL is in (\S+) ", " ".join(shown)).group(1)
+        seen["path"], seen["mode"] = path, stat.S_IMODE(os.stat(path).st_mode)
+        line = re.search(r"join\('([^']+)', 'your_name'\)", " ".join(shown)).group(1)
+        room = Room(path)
+        student = register(line, "ana")
+        seen["students"] = room.students()
+        student.close(), room.close()
+        seen["url"] = open(path).read()
+
+    serve(ttl=0.5, out=shown.append, wait=wait)
+    screen = "\n".join(shown)
+    assert seen["mode"] == 0o600 and seen["students"] == ["ana"]
+    assert "import labkit.classroom" in screen and "labkit.classroom.join(" in screen
+    password = re.search(r"//[^:]+:([^@]+)@", seen["url"]).group(1)
+    assert seen["url"].startswith("postgresql://labkit:") and password not in screen
+    assert not os.path.exists(seen["path"])
+    host, databases, users, address, method = LAN_RULE.split()
+    assert (databases, users.split(","), method) == ("postgres", ["labkit_room", "+labkit_student"],
+                                                     "scram-sha-256")  # fmt: skip
+
+
 def test_the_lan_flag_warns_that_anyone_on_the_network_can_reach_the_server():
     """Only the warning is tested: nothing binds or sends traffic off this machine."""
     from labkit.engines.room import lan_warning
@@ -277,6 +359,8 @@ def test_serve_refuses_an_address_that_is_not_one():
 
     with pytest.raises(BadArgument, match="address"):
         serve("my laptop", out=lambda *_: None)
+    with pytest.raises(BadArgument, match="ttl"):
+        serve(ttl=0, out=lambda *_: None)
 
 
 def test_the_instructors_timeline_has_a_lane_for_each_of_31_students(room):

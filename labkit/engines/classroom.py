@@ -186,12 +186,15 @@ DECLARE
 BEGIN
     SELECT count(pg_terminate_backend(a.pid)) INTO ended FROM pg_stat_activity AS a
     WHERE a.pid <> pg_backend_pid() AND a.backend_type = 'client backend'
-      AND (a.usename = 'labkit_room' OR pg_has_role(a.usesysid, 'labkit_student', 'MEMBER'))
-      AND ((a.xact_start < cut AND a.wait_event_type IS DISTINCT FROM 'Lock')
-           OR (a.usename = 'labkit_room' AND a.backend_start < cut)
-           OR a.pid IN (SELECT unnest(pg_blocking_pids(w.pid)) FROM pg_stat_activity AS w
-                        WHERE w.wait_event_type = 'Lock' AND w.state_change
-                              < clock_timestamp() - make_interval(secs => bound / 2)));
+      AND (a.usename = 'labkit_room' OR a.usesysid IN (SELECT member FROM pg_auth_members
+           WHERE roleid = 'labkit_student'::regrole))
+      AND ((a.usename = 'labkit_room' AND a.backend_start < cut)
+           OR (a.wait_event_type IS DISTINCT FROM 'Lock'  -- a waiter is not the one to end
+               AND (a.xact_start < cut
+                    OR a.pid IN (SELECT unnest(pg_blocking_pids(w.pid))
+                                 FROM pg_stat_activity AS w WHERE w.wait_event_type = 'Lock'
+                                 AND w.state_change < clock_timestamp()
+                                     - make_interval(secs => bound / 2)))));
     IF (SELECT rolpassword FROM pg_authid WHERE rolname = 'labkit_room') <> verifier THEN
         EXECUTE format('ALTER ROLE labkit_room PASSWORD %L', verifier);
         ended := ended + 1;

@@ -21,11 +21,12 @@ from labkit.engines.classroom import LIMITS, bad_name, install
 from labkit.engines.postgres_db import driver
 from labkit.errors import BadArgument, BadArgumentType, check_number
 
-__all__ = ["Room", "Watchdog", "lan_warning", "main", "serve"]
+__all__ = ["LAN_RULE", "Room", "Watchdog", "lan_warning", "main", "serve"]
 
 #: the room's backends: registrations and students (the instructor's and the watchdog's are not)
 OTHERS = """pid <> pg_backend_pid() AND backend_type = 'client backend'
-    AND (usename = 'labkit_room' OR pg_has_role(usesysid, 'labkit_student', 'MEMBER'))"""
+    AND (usename = 'labkit_room' OR usesysid IN (SELECT member FROM pg_auth_members
+        WHERE roleid = 'labkit_student'::regrole))"""
 EVENTS = """SELECT id, extract(epoch FROM at)::float8, extract(epoch FROM began)::float8,
     student, action, outcome, generation, extract(epoch FROM until)::float8 FROM labkit.events"""
 TALLY = """SELECT student, count(*) FILTER (WHERE action = 'write' AND outcome = 'ok'),
@@ -178,6 +179,8 @@ class Watchdog:
         self.stop()
 
 
+#: the one pg_hba.conf line ``--lan`` adds: the superuser and the instructor stay on 127.0.0.1
+LAN_RULE = "host postgres labkit_room,+labkit_student 0.0.0.0/0 scram-sha-256"
 LAN_WARNING = (
     "WARNING: the classroom server listens on {address}: anyone on that network can reach it "
     "and try the room's secret. Only the students' logins are open to it, never the "
@@ -225,7 +228,7 @@ def serve(address: str = "127.0.0.1", *, ttl: float = 1.0, cap: float | None = N
     class RoomServer(PostgresServer):
         def _launch(self) -> None:  # the LAN reaches the registration and students' logins only
             hba = self.data / "pg_hba.conf"
-            line = "host postgres labkit_room,+labkit_student 0.0.0.0/0 scram-sha-256\n"
+            line = LAN_RULE + "\n"
             if address != "127.0.0.1" and line not in hba.read_text():
                 with open(hba, "a") as f:
                     f.write(line)
