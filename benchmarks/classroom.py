@@ -27,19 +27,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from labkit.engines import classroom  # noqa: E402
 from labkit.engines.postgres import PostgresServer  # noqa: E402
+from labkit.engines.room import Room, Watchdog  # noqa: E402
 from labkit.engines.student import register, work  # noqa: E402
 from labkit.processes.live import room_history as history  # noqa: E402
 from labkit.sim import check  # noqa: E402
 
 
-def student(url: str, name: str, protected: bool, seconds: float, start, out) -> None:
+def student(url: str, name: str, seconds: float, start, out) -> None:
     """One student's process: register, wait for the start, work ``seconds``, report timings."""
     me, timings, stop = register(url, name), [], threading.Event()
     start.wait()
     threading.Timer(seconds, stop.set).start()
     try:
-        work(me, stop, protected=protected, rng=random.Random(name), clock=time.perf_counter,
-             timings=timings)  # fmt: skip
+        work(me, stop, rng=random.Random(name), clock=time.perf_counter, timings=timings)
     finally:
         me.close()
         out.put(timings)
@@ -47,12 +47,13 @@ def student(url: str, name: str, protected: bool, seconds: float, start, out) ->
 
 def run(server_url: str, url: str, args, protected: bool) -> dict:
     """One run of the room; return its figures."""
-    room = classroom.Room(server_url)
+    room = Room(server_url)
     room.reset()
+    room.protect(protected)  # the server decides; the students' calls are the same
     ctx = multiprocessing.get_context("fork")  # fast; the children touch nothing of ours
     start, out = ctx.Event(), ctx.Queue()
     names = [f"s{i:02d}" for i in range(args.students)]
-    procs = [ctx.Process(target=student, args=(url, n, protected, args.seconds, start, out))
+    procs = [ctx.Process(target=student, args=(url, n, args.seconds, start, out))
              for n in names]  # fmt: skip
     for p in procs:
         p.start()
@@ -92,11 +93,13 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args, _ = parser.parse_known_args(argv)
     with PostgresServer() as server:
-        password = classroom.install(server.url, ttl=args.ttl)
+        password = classroom.install(server.url, ttl=args.ttl, seats=args.students)
+        watchdog = Watchdog(server.url).start()
         url = f"postgresql://labkit_room:{password}@127.0.0.1:{server.port}/postgres"
         print(f"{args.students} student processes, {args.seconds:g} s each run, "
               f"lease {args.ttl:g} s, 2 students paused for {3 * args.ttl:g} s every second")  # fmt: skip
         results = [run(server.url, url, args, protected) for protected in (True, False)]
+        watchdog.stop()
     head = f"{'mode':<12}{'attempts':>9}{'leases':>8}{'commits':>8}{'stale refused':>14}"
     print(head + f"{'paused':>7}{'write p50 ms':>13}{'p95 ms':>8}  history checker")
     for r in results:

@@ -1,10 +1,11 @@
-"""Classroom mode: ``python -m labkit.classroom serve`` (see :mod:`labkit.engines.classroom`)."""
+"""Classroom mode: ``python -m labkit.classroom serve`` (see :mod:`labkit.engines.room`)."""
 
-from labkit.engines.classroom import Room, lan_warning, main, serve
+from labkit.engines.room import Room, Watchdog, lan_warning, main, serve
 from labkit.engines.student import join, register
 from labkit.processes.live import draw_room as draw, room_history as history, watch_room as watch
 
-__all__ = ["Room", "draw", "history", "join", "lan_warning", "main", "register", "serve", "watch"]
+__all__ = ["Room", "Watchdog", "draw", "history", "join", "lan_warning", "main", "register"]
+__all__ += ["serve", "watch"]
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -148,6 +148,8 @@ def _refusal(text: str, conn: sqlite3.Connection, params: Any) -> LabkitError:
         return LabkitError("a protected row's job has no fence row: make it with Fence(db, job)")
     if text == "labkit: a fence row is never deleted":
         return LabkitError("job_fence: a protected database never deletes or renames a fence row")
+    if text == "labkit: generation was never issued":
+        return BadArgument("generation", "is above every one this database's leases issued")
     named = params if isinstance(params, Mapping) else {}  # values bound by position tell nothing
     job, current = named.get("job_id", named.get("job")), None
     sql = "SELECT epoch, generation FROM job_fence WHERE job_id = ?"

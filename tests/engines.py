@@ -20,6 +20,7 @@ CONTRACT = {
     "test_idempotency",
     "test_hostile_input",
     "test_contract_processes",
+    "test_core_holes",
 }
 
 # Each stays SQLite-only, for the reason given.

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from labkit.errors import BadArgument
+from labkit.errors import BadArgument, BadArgumentType
 from tests import engines
 
 
@@ -16,10 +16,11 @@ def room_server():
     engines.require_postgres()
     from labkit.engines import classroom
     from labkit.engines.postgres import PostgresServer
+    from labkit.engines.room import Room
 
     with PostgresServer(settings=engines.FAST) as server:
-        password = classroom.install(server.url, ttl=0.5)
-        room = classroom.Room(server.url)
+        password = classroom.install(server.url, ttl=0.5, seats=31)
+        room = Room(server.url)
         yield server, f"postgresql://labkit_room:{password}@127.0.0.1:{server.port}/postgres", room
         room.close()
 
@@ -146,12 +147,51 @@ def test_a_paused_student_writes_after_its_lease_and_the_fence_refuses_it(room):
     while (won := ben.acquire()) is None:  # her lease runs out while she is paused
         expired.wait(0.05)
     assert ben.write(won[0])
-    assert ana.write(generation, True) is False
-    assert ana.write(generation, False) is True  # unprotected, the same stale write lands
+    assert ana.write(generation) is False
+    admin.protect(False)  # the instructor's choice: the same stale write lands
+    try:
+        assert admin.protected is False and ana.write(generation) is True
+    finally:
+        admin.protect(True)
     kinds = [(r[3], r[4], r[5]) for r in admin.events() if r[4] in ("pause", "write")]
     assert kinds == [("ana", "pause", "ok"), ("ben", "write", "ok"), ("ana", "write", "rejected"),
                      ("ana", "write", "ok")]  # fmt: skip
     ana.close(), ben.close()
+
+
+def test_a_student_cannot_choose_an_unfenced_write(room):
+    """The old hole, write(name, secret, generation, NULL), is gone: no call of a student's
+    decides whether a write is fenced, and the stale write is refused however it is asked."""
+    from labkit.engines.student import register
+
+    _, url, admin = room
+    ana, ben = register(url, "ana"), register(url, "ben")
+    old = ana.acquire()[0]
+    ana.release(old)
+    ben.write(ben.acquire()[0])
+    with connect_as(ana) as conn:
+        for fenced in (None, False, True):
+            statement = "SELECT labkit.write(%s, %s, %s, %s)"
+            assert refused(conn, statement, [ana.name, ana.secret, old, fenced]) == "42883"
+        found = conn.execute("SELECT labkit.write(%s, %s, %s)", [ana.name, ana.secret, old])
+        assert found.fetchall() == [(False,)]
+    assert ana.write(old) is False and admin.fence() == 2
+    assert [r[5] for r in admin.events() if r[3] == "ana" and r[4] == "write"] == ["rejected"] * 2
+    ana.close(), ben.close()
+
+
+def test_only_the_instructor_decides_whether_the_room_is_fenced(room):
+    """The setting is a row students cannot read or change, and protect() checks its input."""
+    from labkit.engines.student import register
+
+    _, url, admin = room
+    ana = register(url, "ana")
+    with connect_as(ana) as conn:
+        assert refused(conn, "UPDATE labkit.room SET value = 'off'") == "42501"
+    assert admin.protected is True
+    with pytest.raises(BadArgumentType, match="on"):
+        admin.protect("off")
+    ana.close()
 
 
 def test_reset_empties_the_room(room):
@@ -206,8 +246,8 @@ def test_a_taken_name_is_refused(room):
 
 def test_joined_workers_run_and_stop(room):
     """Three joined workers take turns on the lease; stop() ends each; no violation when fenced."""
+    from labkit.classroom import history
     from labkit.engines.student import join
-    from labkit.processes.live import room_history as history
     from labkit.sim import check
 
     _, url, admin = room
@@ -222,9 +262,91 @@ def test_joined_workers_run_and_stop(room):
     assert check(events) == []
 
 
+def test_pausing_an_unknown_student_names_it_and_queues_nothing(room):
+    """A typo in pause() is a BadArgument naming the name; the known names are not paused either."""
+    from labkit.engines.student import register
+
+    _, url, admin = room
+    ana = register(url, "ana")
+    with pytest.raises(BadArgument, match="names.*'nobody'.*registered: ana"):
+        admin.pause(["ana", "nobody"], 2)
+    with pytest.raises(BadArgument, match="names"):
+        admin.pause(["Ana"], 2)
+    assert admin.conn.execute("SELECT count(*) FROM labkit.pauses").fetchone() == (0,)
+    assert ana.acquire()[2] == 0.0
+    ana.close()
+
+
+def test_pauses_queue_one_per_win(room):
+    """Two pauses before Ana next wins are two pauses: her next two wins take them in order."""
+    from labkit.engines.student import register
+
+    _, url, admin = room
+    ana = register(url, "ana")
+    admin.pause("ana", 0.2)
+    admin.pause(["ana"], 0.3)
+    first = ana.acquire()
+    ana.release(first[0])
+    second = ana.acquire()
+    ana.release(second[0])
+    assert (first[2], second[2], ana.acquire()[2]) == (0.2, 0.3, 0.0)
+    pauses = [r[6] for r in admin.events() if r[4] == "pause"]
+    assert pauses == [first[0], second[0]]
+    ana.close()
+
+
+@pytest.mark.parametrize("flag, value", [("--ttl", "0"), ("--ttl", "-1"), ("--ttl", "nan"),
+                                         ("--ttl", "inf"), ("--ttl", "soon"), ("--seats", "0"),
+                                         ("--seats", "2.5"), ("--cap", "0")])  # fmt: skip
+def test_serve_refuses_a_bad_number_with_a_message(flag, value, capsys):
+    """No traceback and no server: argparse's usage error, naming the flag."""
+    from labkit.engines.room import main
+
+    with pytest.raises(SystemExit) as caught:
+        main(["serve", flag, value])
+    assert caught.value.code == 2
+    error = capsys.readouterr().err
+    assert flag in error and "Traceback" not in error
+
+
+def test_serve_keeps_the_superuser_off_the_screen_and_the_lan(tmp_path):
+    """The screen shows the students' full line; the instructor's URL is in a file only its
+    owner reads, gone when the server stops; --lan's one rule opens the students' logins only."""
+    import os
+    import re
+    import stat
+
+    from labkit.engines.room import LAN_RULE, Room, serve
+    from labkit.engines.student import register
+
+    engines.require_postgres()
+    shown, seen = [], {}
+
+    def wait():
+        path = re.search(r"your URL is in (\S+) ", " ".join(shown)).group(1)
+        seen["path"], seen["mode"] = path, stat.S_IMODE(os.stat(path).st_mode)
+        line = re.search(r"join\('([^']+)', 'your_name'\)", " ".join(shown)).group(1)
+        room = Room(path)
+        student = register(line, "ana")
+        seen["students"] = room.students()
+        student.close(), room.close()
+        seen["url"] = open(path).read()
+
+    serve(ttl=0.5, out=shown.append, wait=wait)
+    screen = "\n".join(shown)
+    assert seen["mode"] == 0o600 and seen["students"] == ["ana"]
+    assert "import labkit.classroom" in screen and "labkit.classroom.join(" in screen
+    password = re.search(r"//[^:]+:([^@]+)@", seen["url"]).group(1)
+    assert seen["url"].startswith("postgresql://labkit:") and password not in screen
+    assert not os.path.exists(seen["path"])
+    host, databases, users, address, method = LAN_RULE.split()
+    assert (databases, users.split(","), method) == ("postgres", ["labkit_room", "+labkit_student"],
+                                                     "scram-sha-256")  # fmt: skip
+
+
 def test_the_lan_flag_warns_that_anyone_on_the_network_can_reach_the_server():
     """Only the warning is tested: nothing binds or sends traffic off this machine."""
-    from labkit.engines.classroom import lan_warning
+    from labkit.engines.room import lan_warning
 
     text = lan_warning("192.168.1.20")
     assert "192.168.1.20" in text and "anyone on that network can reach it" in text
@@ -233,10 +355,12 @@ def test_the_lan_flag_warns_that_anyone_on_the_network_can_reach_the_server():
 
 def test_serve_refuses_an_address_that_is_not_one():
     """A bad --lan value names ``address`` before any server starts."""
-    from labkit.engines.classroom import serve
+    from labkit.engines.room import serve
 
     with pytest.raises(BadArgument, match="address"):
         serve("my laptop", out=lambda *_: None)
+    with pytest.raises(BadArgument, match="ttl"):
+        serve(ttl=0, out=lambda *_: None)
 
 
 def test_the_instructors_timeline_has_a_lane_for_each_of_31_students(room):

@@ -115,7 +115,9 @@ def test_an_interrupted_parent_stops_its_server_and_removes_its_folder():
 
 def test_a_missing_binary_names_the_debian_package(monkeypatch, tmp_path):
     """Without initdb, start() says which package to install and leaves no folder behind."""
-    monkeypatch.setattr(postgres, "BIN", tmp_path / "nowhere")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no pg_config
+    monkeypatch.setattr(postgres, "SEARCHED", str(tmp_path / "nowhere" / "*" / "bin"))
+    postgres.bindir.cache_clear()
     before = set(Path("/tmp").glob(servers.PREFIX + f"{os.getpid()}-*"))
     server = PostgresServer()
     with pytest.raises(servers.MissingBinary, match=r"apt-get install -y postgresql") as caught:
@@ -123,3 +125,28 @@ def test_a_missing_binary_names_the_debian_package(monkeypatch, tmp_path):
     assert (caught.value.name, caught.value.package) == ("initdb", "postgresql")
     assert not server.folder.exists()
     assert set(Path("/tmp").glob(servers.PREFIX + f"{os.getpid()}-*")) == before
+    postgres.bindir.cache_clear()
+
+
+def test_the_server_is_found_by_pg_config_or_by_searching_every_version(monkeypatch, tmp_path):
+    """No version is named: pg_config --bindir first, else the newest /usr/lib/postgresql/*/bin."""
+    for version in ("9.6", "13", "17"):
+        folder = tmp_path / version / "bin"
+        folder.mkdir(parents=True)
+        (folder / "initdb").write_text("#!/bin/sh\n")
+        (folder / "initdb").chmod(0o755)
+    (tmp_path / "18" / "bin").mkdir(parents=True)  # a client-only folder: no initdb
+    monkeypatch.setattr(postgres, "SEARCHED", str(tmp_path / "*" / "bin"))
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    postgres.bindir.cache_clear()
+    try:
+        assert postgres.bindir() == tmp_path / "17" / "bin"
+        tool = tmp_path / "tools"
+        tool.mkdir()
+        (tool / "pg_config").write_text(f"#!/bin/sh\necho {tmp_path / '13' / 'bin'}\n")
+        (tool / "pg_config").chmod(0o755)
+        monkeypatch.setenv("PATH", str(tool))
+        postgres.bindir.cache_clear()
+        assert postgres.bindir() == tmp_path / "13" / "bin"
+    finally:
+        postgres.bindir.cache_clear()

@@ -95,7 +95,7 @@ def test_without_postgresql_the_button_says_what_to_install(monkeypatch, capsys)
     from labkit.engines import rowlock
 
     def missing():
-        raise MissingBinary("initdb", "postgresql", postgres.BIN / "initdb")
+        raise MissingBinary("initdb", "postgresql", postgres.bindir() / "initdb")
 
     monkeypatch.setattr(postgres, "require", missing)
     assert rowlock.demo() is None

@@ -1,4 +1,5 @@
-"""A throwaway PostgreSQL 15 server: initdb and ``postgres`` run as the ``postgres`` user.
+"""A throwaway PostgreSQL server (whichever version :func:`bindir` finds): initdb and
+``postgres`` run as the ``postgres`` user.
 
 ``initdb`` refuses root, and ``pg_ctl`` detaches (so nothing would stop the server if we died),
 so both are run directly, as ``postgres``. The server listens on 127.0.0.1 only, on a free port,
@@ -11,19 +12,23 @@ password (scram-sha-256).
 
 from __future__ import annotations
 
+import functools
+import glob
 import os
 import pwd
 import secrets
+import shutil
 import signal
+import subprocess
 from pathlib import Path
 from urllib.parse import quote as urlquote
 
 from labkit.engines.servers import ServerFailed, Throwaway, binary, free_port, kill_tree
 
-__all__ = ["BIN", "PostgresServer", "require"]
+__all__ = ["PostgresServer", "bindir", "require"]
 
-BIN = Path("/usr/lib/postgresql/15/bin")
 PACKAGE = "postgresql"
+SEARCHED = "/usr/lib/postgresql/*/bin"
 SETTINGS = {
     "listen_addresses": "127.0.0.1",
     "max_connections": "100",  # a room of 30 workers, each with a connection or two
@@ -34,10 +39,27 @@ SETTINGS = {
 }
 
 
+@functools.lru_cache(maxsize=1)
+def bindir() -> Path:
+    """Where the server's programs are: ``pg_config --bindir`` if it has ``initdb``, else the
+    newest ``/usr/lib/postgresql/*/bin`` that has it (Debian and Ubuntu put the client's
+    ``pg_config`` on the PATH, and each server version in its own folder)."""
+    found = []
+    if pg_config := shutil.which("pg_config"):
+        answer = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True)
+        found.append(answer.stdout.strip())
+    versions = sorted(glob.glob(SEARCHED), key=lambda p: int(p.split("/")[-2].split(".")[0]))
+    found += reversed(versions)
+    for folder in filter(None, found):
+        if os.access(Path(folder) / "initdb", os.X_OK):
+            return Path(folder)
+    return Path(found[0] if found else SEARCHED)
+
+
 def require() -> None:
     """Raise MissingBinary (naming the Debian package) unless initdb and postgres are installed."""
     for name in ("initdb", "postgres"):
-        binary(name, BIN, PACKAGE)
+        binary(name, bindir(), PACKAGE)
 
 
 class PostgresServer(Throwaway):
@@ -86,7 +108,7 @@ class PostgresServer(Throwaway):
         pwfile.chmod(0o600)
         try:
             self.run(
-                BIN / "initdb", "-D", self.data, "-U", self.role, f"--pwfile={pwfile}",
+                bindir() / "initdb", "-D", self.data, "-U", self.role, f"--pwfile={pwfile}",
                 "--auth=scram-sha-256", "-E", "UTF8", "--locale=C", "--no-sync",
                 "--no-instructions",
             )  # fmt: skip
@@ -105,7 +127,7 @@ class PostgresServer(Throwaway):
         start = self.log.stat().st_size if self.log.exists() else 0
         options = [f"-c{k}={v}" for k, v in self.settings.items()]
         self.spawn(
-            BIN / "postgres", "-D", self.data, "-p", self.port, "-k", self.folder, *options,
+            bindir() / "postgres", "-D", self.data, "-p", self.port, "-k", self.folder, *options,
             log=self.log,
         )  # fmt: skip
 

@@ -2,9 +2,11 @@
 
 :func:`join` registers ``name`` through the room's URL, keeps the login and secret it gets back,
 and starts a worker thread with its own connection as that login. The worker loops: try to
-acquire; if it won, sleep when the instructor paused it, write through the fence (``protected``)
-or without it, renew, write again, release, rest. Every call is a ``SECURITY DEFINER`` function
-on the server (see :mod:`labkit.engines.classroom`), which logs its answer.
+acquire; if it won, sleep when the instructor paused it, write, renew, write again, release,
+rest. Every call is a ``SECURITY DEFINER`` function on the server (see
+:mod:`labkit.engines.classroom`), which logs its answer and decides whether a write is fenced.
+A call the server gave up on (a lock wait past its ``lock_timeout``, because another student
+held the room up) is tried again; any other error ends the worker and is kept in ``error``.
 """
 
 from __future__ import annotations
@@ -58,9 +60,9 @@ class Student:
     def release(self, generation: int) -> bool:
         return self.call("release", generation)[0][0]
 
-    def write(self, generation: int, fenced: bool = True) -> bool:
-        """True if the write committed; False if the fence refused it."""
-        return self.call("write", generation, fenced)[0][0]
+    def write(self, generation: int) -> bool:
+        """True if the write committed; False if the fence refused it (in a protected room)."""
+        return self.call("write", generation)[0][0]
 
     def close(self) -> None:
         self.conn.close()
@@ -82,8 +84,13 @@ def register(url: str, name: str) -> Student:
     return Student(url, name, login, password, secret)
 
 
-def work(student: Student, stop: threading.Event, *, protected: bool = True, rng=None,
-         work=(0.01, 0.05), rest=(0.02, 0.1), clock=None, timings=None) -> None:  # fmt: skip
+#: SQLSTATEs of a call the server gave up on, with nothing done: a lock wait timed out, a
+#: statement was cancelled, a deadlock was broken
+GAVE_UP = {"55P03", "57014", "40P01"}
+
+
+def work(student: Student, stop: threading.Event, *, rng=None, work=(0.01, 0.05),
+         rest=(0.02, 0.1), clock=None, timings=None) -> None:  # fmt: skip
     """Loop until ``stop`` is set: acquire, (pause), write, renew, write, release, rest.
 
     ``work`` and ``rest`` are (low, high) seconds drawn from ``rng``; waiting is ``stop.wait``.
@@ -91,38 +98,48 @@ def work(student: Student, stop: threading.Event, *, protected: bool = True, rng
     ``timings``."""
     rng = rng or random.Random(student.name)
     while not stop.is_set():
-        won = student.acquire()
-        if won is None:
+        try:
+            _turn(student, stop, rng, work, rest, clock, timings)
+        except RoomRefused as exc:
+            if exc.code not in GAVE_UP:
+                raise
             stop.wait(rng.uniform(*rest))
-            continue
-        generation, _, pause = won
-        if pause and stop.wait(pause):
-            break  # stopped while paused: the lease runs out on its own
-        for step in range(2):
-            if stop.wait(rng.uniform(*work)):
-                break
-            began = clock() if clock else None
-            student.write(generation, protected)
-            if clock:
-                timings.append(clock() - began)
-            if step == 0 and not student.renew(generation):
-                break
-        student.release(generation)
+
+
+def _turn(student, stop, rng, work, rest, clock, timings) -> None:
+    """One turn of :func:`work`."""
+    won = student.acquire()
+    if won is None:
         stop.wait(rng.uniform(*rest))
+        return
+    generation, _, pause = won
+    if pause and stop.wait(pause):
+        return  # stopped while paused: the lease runs out on its own
+    for step in range(2):
+        if stop.wait(rng.uniform(*work)):
+            break
+        began = clock() if clock else None
+        student.write(generation)
+        if clock:
+            timings.append(clock() - began)
+        if step == 0 and not student.renew(generation):
+            break
+    student.release(generation)
+    stop.wait(rng.uniform(*rest))
 
 
 class Joined:
     """A student's running worker: ``student``, ``thread``; :meth:`stop` ends it."""
 
-    def __init__(self, student: Student, protected: bool) -> None:
+    def __init__(self, student: Student) -> None:
         self.student, self.stopping = student, threading.Event()
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(protected,), daemon=True)
+        self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
-    def _run(self, protected: bool) -> None:
+    def _run(self) -> None:
         try:
-            work(self.student, self.stopping, protected=protected)
+            work(self.student, self.stopping)
         except Exception as exc:  # the server went away or reset the room: keep it to show
             self.error = exc
 
@@ -136,6 +153,7 @@ class Joined:
         return f"<{self.student.name}'s worker: {state}>"
 
 
-def join(url: str, name: str, *, protected: bool = True) -> Joined:
-    """Register ``name`` in the room at ``url`` and start that student's worker (a thread)."""
-    return Joined(register(url, name), protected)
+def join(url: str, name: str) -> Joined:
+    """Register ``name`` in the room at ``url`` and start that student's worker (a thread).
+    Whether its writes are fenced is the room's, not the student's, choice."""
+    return Joined(register(url, name))
