@@ -2,11 +2,15 @@
 
 Usage: ``python -m labkit.grade SUBMISSIONS... [--junit out.xml] [--csv out.csv]
 [--feedback DIR] [--points FILE] [--cell-timeout 30] [--solutions solutions/] [--jobs N]
-[--only STUDENT]``.
+[--only STUDENT] [--unsandboxed]``.
 
 SUBMISSIONS are notebooks or folders searched for ``*.ipynb``. A submission's
-student is the name of its folder (or, lying directly in a folder given on the
-command line, its file name); its exercise is the solution whose check cells carry
+student is the first folder under the folder given on the command line (a notebook
+lying directly in it: its file name; a notebook given alone: its folder's name), so
+``friend/me/02.ipynb`` is the friend's. Symbolic and hard links, device files, pipes
+and names with control characters are refused, each with a line saying why; of two
+notebooks of one exercise from one student the first (in path order) readable one is
+graded, and the other's line names it. Its exercise is the solution whose check cells carry
 the same ``task:`` tags (failing that, the one with the same file name). The
 canonical check cells are put back (edited or deleted ones count for nothing), and
 the notebook's code cells are judged out of process (:mod:`labkit.grading.judge`):
@@ -20,6 +24,10 @@ scores only if some schedule checked it and none broke it. The scorecard, the CS
 JUnit file give each task's points, each broken property with its seed and replay call, and
 each student's total; ``--feedback DIR`` writes a page per student with the failing timelines.
 
+It fails closed: without a working sandbox (bubblewrap, and a process limit: see
+:func:`labkit.grading.sandbox.missing`) it grades nothing, says what is missing and exits 3.
+``--unsandboxed`` grades anyway, and every row of every output then says UNSANDBOXED.
+
 The exit status says whether grading ran (0), not whether students passed.
 """
 
@@ -27,125 +35,21 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import copy
 import json
 import multiprocessing
 import os
 import pathlib
 import sys
-from dataclasses import dataclass, field
 
-from labkit.errors import BadArgument
+from labkit.errors import BadArgument, LabkitError
 from labkit.grading import refused, tasks_loaded
-from labkit.grading.notebooks import ROOT, is_check
+from labkit.grading.intake import Submission, canonical, collect, once, prepare
+from labkit.grading.intake import restore_checks, task_of
+from labkit.grading.notebooks import ROOT
 from labkit.grading.reports import scorecard, totals, write_csv, write_feedback, write_junit
 
-__all__ = ["Submission", "grade", "main", "load_points"]
+__all__ = ["Submission", "grade", "main", "load_points", "restore_checks", "task_of"]
 __all__ += ["scorecard", "totals", "write_csv", "write_feedback", "write_junit"]
-
-
-@dataclass(slots=True)
-class Submission:
-    """One notebook being graded.
-
-    Attributes: ``path``, ``student``, ``exercise`` (the matching solution's file name, or
-    None), ``results`` (task id -> its :class:`~labkit.grading.scores.Report`), ``problem``
-    (why the notebook could not be run).
-    """
-
-    path: pathlib.Path
-    student: str
-    exercise: str | None = None
-    results: dict = field(default_factory=dict)
-    problem: str | None = None
-
-    @property
-    def outcomes(self) -> dict[str, str]:
-        """Task id -> "pass" (every property scored) or "fail"."""
-        return {t: "pass" if r and r.passed else "fail" for t, r in self.results.items()}
-
-    @property
-    def notes(self) -> dict[str, str]:
-        """Task id -> that task's scorecard, for the tasks that failed."""
-        return {t: r.text() for t, r in self.results.items() if r and not r.passed}
-
-    def refuse(self, why: str) -> None:
-        """The notebook could not be run: every task scores nothing, and says why."""
-        self.problem = why
-        self.results = {t: refused(t, why) for t in self.results}
-
-
-def task_of(cell) -> str | None:
-    """Return the ``task:`` tag's id of a cell, or None."""
-    tags = cell.get("metadata", {}).get("tags", [])
-    return next((tag[len("task:") :] for tag in tags if tag.startswith("task:")), None)
-
-
-def _canonical(solutions: pathlib.Path) -> dict[str, dict]:
-    return {p.name: json.loads(p.read_text()) for p in sorted(solutions.glob("*.ipynb"))}
-
-
-def _tasks(nb: dict) -> list[str]:
-    return [t for t in map(task_of, nb["cells"]) if t]
-
-
-def restore_checks(submitted: dict, solution: dict) -> dict:
-    """Return ``submitted`` with every check cell replaced by the solution's canonical one."""
-    canon = {task_of(c): c for c in solution["cells"] if task_of(c)}
-    nb, seen, cells = copy.deepcopy(submitted), set(), []
-    for cell in nb["cells"]:
-        tid = task_of(cell)
-        if tid in canon:
-            cells.append(copy.deepcopy(canon[tid]))
-            seen.add(tid)
-        elif not is_check(cell):  # a check cell that is not canonical is dropped
-            cells.append(cell)
-    cells += [copy.deepcopy(canon[t]) for t in canon if t not in seen]
-    nb["cells"] = cells
-    return nb
-
-
-def _collect(paths: list[str]) -> list[Submission]:
-    found = []
-    for arg in map(pathlib.Path, paths):
-        files = sorted(arg.rglob("*.ipynb")) if arg.is_dir() else [arg]
-        files = [f for f in files if ".ipynb_checkpoints" not in f.parts]
-        found += [Submission(f, f.stem if f.parent == arg else f.parent.name) for f in files]
-    return found
-
-
-MAX_BYTES = 5 << 20
-
-
-def _prepare(sub: Submission, solutions: dict[str, dict]) -> dict | None:
-    """The submission with its canonical check cells, or None (``problem`` says why)."""
-    nb, tags = None, set()
-    try:
-        if sub.path.is_symlink() or not sub.path.is_file():  # a link to a solution, a FIFO
-            raise ValueError("it is not a regular file")
-        if sub.path.stat().st_size > MAX_BYTES:
-            raise ValueError(f"it is over {MAX_BYTES >> 20} MB")
-        nb = json.loads(sub.path.read_text())
-        tags = set(_tasks(nb))
-        if not isinstance(nb["cells"], list):
-            raise ValueError("its cells are not a list")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        sub.problem, nb = f"not a readable notebook: {exc}", None
-    match = next((n for n, s in solutions.items() if tags and tags & set(_tasks(s))), None)
-    match = match or next((n for n in solutions if sub.path.name.endswith(n)), None)
-    sub.exercise = match
-    if match is None:
-        sub.problem = sub.problem or "matches no exercise in solutions/ (it has no task cells)"
-        return None
-    sub.results = {t: None for t in _tasks(solutions[match])}
-    if nb is None:
-        return sub.refuse(sub.problem)
-    if not tags:
-        return sub.refuse("not a submission of the exercise: it has no task cells")
-    try:
-        return restore_checks(nb, solutions[match])
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-        return sub.refuse(f"not a readable notebook: {type(exc).__name__}: {exc}")
 
 
 def _judge(job: tuple) -> dict:
@@ -176,13 +80,24 @@ def grade(
     only: str | None = None,
     hide=(),
     progress=sys.stderr,
+    unsandboxed: bool = False,
 ) -> list[Submission]:
     """Grade every submission under ``paths`` (only ``only``'s, if given); return them with
     per-task results. ``jobs`` notebooks are judged at once; ``hide`` names more folders the
-    answers must not see (the submissions and the solutions are always hidden)."""
+    answers must not see (the submissions and the solutions are always hidden). Without a
+    working sandbox it raises LabkitError, unless ``unsandboxed`` (each Submission says so)."""
+    from labkit.grading.sandbox import missing
+
+    lacking = missing()
+    if lacking and not unsandboxed:
+        raise LabkitError("refusing to grade: answers would run without a sandbox:\n  "
+                          + "\n  ".join(lacking) + "\n(--unsandboxed grades anyway, "
+                          "and marks every result UNSANDBOXED)")  # fmt: skip
     solutions = pathlib.Path(solutions).resolve()
-    canon = _canonical(solutions)
-    subs = [s for s in _collect(paths) if only is None or s.student == only]
+    canon = canonical(solutions)
+    subs = [s for s in collect(paths) if only is None or s.student == only]
+    for sub in subs:
+        sub.unsandboxed = bool(lacking)
     folders = {
         str(
             pathlib.Path(p).resolve().parent
@@ -192,7 +107,7 @@ def grade(
         for p in paths
     }
     hidden = (*sorted(folders), str(solutions), *map(str, hide))
-    work = [(s, nb) for s in subs if (nb := _prepare(s, canon)) is not None]
+    work = once([(s, prepare(s, canon)) for s in subs])
     print(f"grading {len(work)} notebooks ...", file=progress, flush=True)
     args = [(nb, list(s.results), hidden, float(cell_timeout), solutions) for s, nb in work]
     pool = None
@@ -260,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="grade only this student")
     parser.add_argument("--feedback", type=pathlib.Path, help="write a page per student here")
     parser.add_argument("--points", type=pathlib.Path, help="JSON: task -> points")
+    parser.add_argument("--unsandboxed", action="store_true", help="grade without a sandbox")
     args = parser.parse_args(argv)
     try:
         points = load_points(args.points) if args.points else None
@@ -267,10 +183,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     outputs = [p.resolve().parent for p in (args.junit, args.csv) if p]
     outputs += [args.feedback.resolve()] if args.feedback else []
-    subs = grade(
-        args.submissions, solutions=args.solutions, cell_timeout=args.cell_timeout,
-        jobs=max(1, args.jobs), only=args.only, hide=outputs,
-    )  # fmt: skip
+    try:
+        subs = grade(
+            args.submissions, solutions=args.solutions, cell_timeout=args.cell_timeout,
+            jobs=max(1, args.jobs), only=args.only, hide=outputs, unsandboxed=args.unsandboxed,
+        )  # fmt: skip
+    except LabkitError as exc:
+        print(f"labkit.grade: {exc}", file=sys.stderr)
+        return 3
     print(scorecard(subs, points))
     if args.junit:
         write_junit(subs, args.junit, points)

@@ -1,7 +1,8 @@
 """What the grader writes: the scorecard, the CSV and JUnit files, and the feedback pages.
 
 Every output gives each task's points, each property that did not score with its seed and
-replay call, and each student's total. A feedback page (``labkit.grade --feedback DIR``) is
+replay call, and each student's total; each row of a notebook graded without the sandbox
+(``--unsandboxed``) says UNSANDBOXED. A feedback page (``labkit.grade --feedback DIR``) is
 one self-contained HTML page per student. It lists the student's notebooks and tasks with their points, every property that did
 not score in plain words (the rule, what the judge saw, the seed and the replay call), and the
 timeline of the failing schedule, drawn by the lessons' own :func:`labkit.views.plot.timeline`
@@ -25,6 +26,29 @@ from labkit.grading.scores import Failure, Report, shown_points
 
 __all__ = ["scorecard", "totals", "failures", "write_junit", "write_csv", "write_feedback"]
 __all__ += ["picture", "page", "write_pages"]
+
+
+UNSANDBOXED = "UNSANDBOXED"
+
+
+def plain(text) -> str:
+    """``text`` with each character that is not printable (controls, bidirectional overrides,
+    line separators) written as its escape: no name or answer's value forges or reorders a line."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in str(text))
+
+
+def _cell(text) -> str:
+    """A CSV cell: :func:`plain`, and a leading ``= + - @`` quoted so no spreadsheet runs it."""
+    text = plain(text)
+    return "'" + text if text[:1] in ("=", "+", "-", "@") else text
+
+
+def _lines(text: str) -> str:
+    return "\n".join(map(plain, text.split("\n")))
+
+
+def _sandbox(sub) -> str:
+    return UNSANDBOXED if sub.unsandboxed else "bubblewrap"
 
 
 def totals(subs: list, points=None) -> dict[str, tuple[float, float]]:
@@ -62,7 +86,7 @@ def scorecard(subs: list, points=None) -> str:
     """The scorecard: a row per notebook with each task's points and the student's total, then
     a line per property that did not score."""
     tasks, total = sorted({t for s in subs for t in s.results}), totals(subs, points)
-    width = max([len("student")] + [len(s.student) for s in subs])
+    width = max([len("student")] + [len(plain(s.student)) for s in subs])
     head = "student".ljust(width) + "  " + "  ".join(t.ljust(7) for t in tasks)
     lines, broken = [head + "  total    notebook"], []
     for s in subs:
@@ -70,10 +94,13 @@ def scorecard(subs: list, points=None) -> str:
         cells = "  ".join(
             (_pts(r.total((points or {}).get(r.task))) if r else "-").ljust(7) for r in row
         )
-        note = (s.exercise or s.path.name) + (f"  ({s.problem})" if s.problem else "")
-        lines.append(f"{s.student.ljust(width)}  {cells}  {_pts(total[s.student]):<7}  {note}")
+        note = plain(s.exercise or s.path.name) + (f"  ({plain(s.problem)})" if s.problem else "")
+        note += f"  {UNSANDBOXED}" if s.unsandboxed else ""
+        who = plain(s.student).ljust(width)
+        lines.append(f"{who}  {cells}  {_pts(total[s.student]):<7}  {note}")
         for tid, r in s.results.items():
-            broken += [f"  {s.student} {tid}: {line}" for line in failures(r)]
+            mark = f" {UNSANDBOXED}" if s.unsandboxed else ""
+            broken += [f"  {plain(s.student)} {tid}{mark}: {plain(line)}" for line in failures(r)]
     return "\n".join(lines + (["", "what did not score:"] + broken if broken else []))
 
 
@@ -85,26 +112,28 @@ def write_junit(subs: list, path: pathlib.Path, points=None) -> None:
         for tid, r in s.results.items():
             given = (points or {}).get(tid)
             case = ET.SubElement(
-                suite, "testcase", classname=f"{s.student}.{s.exercise}", name=f"task {tid}"
+                suite, "testcase", classname=plain(f"{s.student}.{s.exercise}"), name=f"task {tid}"
             )
-            ET.SubElement(
-                ET.SubElement(case, "properties"),
-                "property",
-                name="points",
-                value=_pts(r.total(given)),
-            )
+            props = ET.SubElement(case, "properties")
+            ET.SubElement(props, "property", name="points", value=_pts(r.total(given)))
+            ET.SubElement(props, "property", name="sandbox", value=_sandbox(s))
             if not r.passed:
                 message = f"task {tid}: {_pts(r.total(given))} points; " + "; ".join(failures(r))
-                ET.SubElement(case, "failure", message=message).text = r.text(given)
+                ET.SubElement(case, "failure", message=plain(message)).text = _lines(r.text(given))
         if not s.results:
-            case = ET.SubElement(suite, "testcase", classname=s.student, name=s.path.name)
-            ET.SubElement(case, "failure", message=s.problem or "not graded")
+            name = plain(s.path.name)
+            case = ET.SubElement(suite, "testcase", classname=plain(s.student), name=name)
+            ET.SubElement(
+                ET.SubElement(case, "properties"), "property", name="sandbox", value=_sandbox(s)
+            )
+            ET.SubElement(case, "failure", message=plain(s.problem or "not graded"))
     suite.set("tests", str(len(suite)))
     suite.set("failures", str(sum(1 for c in suite if c.find("failure") is not None)))
     ET.ElementTree(suite).write(path, encoding="unicode", xml_declaration=True)
 
 
 CSV_COLUMNS = ["student", "notebook", "task", "points", "possible", "outcome", "failed", "note"]
+CSV_COLUMNS += ["sandbox"]
 
 
 def write_csv(subs: list, path: pathlib.Path, points=None) -> None:
@@ -118,11 +147,14 @@ def write_csv(subs: list, path: pathlib.Path, points=None) -> None:
             for tid, r in s.results.items():
                 got, possible = r.total((points or {}).get(tid))
                 note = r.problem.broken.detail if r.problem else ""
-                row = [s.student, s.exercise, tid, shown_points(got), shown_points(possible)]
-                row += ["pass" if r.passed else "fail", " | ".join(failures(r)), note]
+                row = [_cell(s.student), _cell(s.exercise), tid, shown_points(got)]
+                row += [shown_points(possible), "pass" if r.passed else "fail"]
+                row += [_cell(" | ".join(failures(r))), _cell(note), _sandbox(s)]
                 out.writerow(row + [shown_points(x) for x in total[s.student]])
             if not s.results:  # it matched no exercise: the student still has a row, and why
-                row = [s.student, s.exercise or s.path.name, "", "0", "0", "fail", "", s.problem]
+                row = [_cell(s.student), _cell(s.exercise or s.path.name), "", "0", "0", "fail", ""]
+                row.append(_cell(s.problem))
+                row.append(_sandbox(s))
                 out.writerow(row + [shown_points(x) for x in total[s.student]])
 
 
@@ -130,7 +162,7 @@ def write_feedback(subs: list, folder: pathlib.Path, points=None) -> list[pathli
     """``folder/<student>.html`` for each student (see :mod:`labkit.grading.feedback`)."""
     by_student: dict = {}
     for s in subs:
-        name = s.exercise or s.path.name
+        name = (s.exercise or s.path.name) + (f" (graded {UNSANDBOXED})" if s.unsandboxed else "")
         by_student.setdefault(s.student, []).append((name, list(s.results.values()), s.problem))
     return write_pages(by_student, folder, points)
 
@@ -170,11 +202,13 @@ def picture(task: str, words: str, failure: Failure) -> str:
     return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
 
 
+def _h(text) -> str:
+    return html.escape(plain(text))
+
+
 def _task(report: Report, given) -> list[str]:
     got, possible = map(shown_points, report.total(given))
-    out = [
-        f"<h3>task {html.escape(report.task)}: {html.escape(report.title)}: {got}/{possible} points</h3>"
-    ]
+    out = [f"<h3>task {_h(report.task)}: {_h(report.title)}: {got}/{possible} points</h3>"]
     points = report.points(given)
     for f in (*([report.problem] if report.problem else []), *report.findings):
         scored, worth = points.get(f.prop, (0.0, 0.0))
@@ -185,11 +219,11 @@ def _task(report: Report, given) -> list[str]:
             label, kind, pts = "no points until", "broken", ""
         else:
             pts = f" ({shown_points(scored)}/{shown_points(worth)})"
-        key = "" if f is report.problem else f" [{html.escape(f.prop)}]"
-        out.append(f'<p class="{kind}"><b>{label}</b>{key}: {html.escape(f.words)}{pts}</p>')
+        key = "" if f is report.problem else f" [{_h(f.prop)}]"
+        out.append(f'<p class="{kind}"><b>{label}</b>{key}: {_h(f.words)}{pts}</p>')
         if f.broken and (f is report.problem or not report.problem):
             lines = f.broken.lines(report.task, report.answer)
-            out.append("<pre>" + html.escape("\n".join(lines)) + "</pre>")
+            out.append("<pre>" + html.escape(_lines("\n".join(lines))) + "</pre>")
             image = picture(report.task, f.words, f.broken)
             if image:
                 alt = html.escape(f"the timeline of seed {f.broken.seed}")
@@ -203,12 +237,12 @@ def page(student: str, notebooks: list[tuple[str, list[Report]]], given=None) ->
     reports = [r for _, rs, _ in notebooks for r in rs]
     got = sum(r.total((given or {}).get(r.task))[0] for r in reports)
     possible = sum(r.total((given or {}).get(r.task))[1] for r in reports)
-    name = html.escape(student)
+    name = _h(student)
     body = [f"<h1>{name}: {shown_points(got)}/{shown_points(possible)} points</h1>"]
     for notebook, rs, problem in notebooks:
-        body.append(f"<h2>{html.escape(notebook)}</h2>")
+        body.append(f"<h2>{_h(notebook)}</h2>")
         if problem:
-            body.append(f'<p class="broken"><b>not graded</b>: {html.escape(problem)}</p>')
+            body.append(f'<p class="broken"><b>not graded</b>: {_h(problem)}</p>')
         for r in rs:
             body += _task(r, (given or {}).get(r.task))
     head = f'<meta charset="utf-8"><title>{name}: feedback</title><style>{STYLE}</style>'

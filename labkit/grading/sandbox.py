@@ -3,9 +3,14 @@
 :class:`Jail` starts :mod:`labkit.grading.worker` under bubblewrap: no network, no capabilities,
 nothing of the host but what Python needs (read-only: ``/usr``, a few files of ``/etc``, Python,
 the venv, ``labkit/`` without its checks), one small writable ``/tmp``; CPU, memory, file-size
-and process limits. Without bubblewrap it runs
-the worker out of process with the same limits in a private folder, and says on stderr that it
-is unsandboxed. As root RLIMIT_NPROC is ignored, so processes are limited by a pids cgroup.
+and process limits. Without bubblewrap it runs the worker out of process with the same limits
+in a private folder, and says on stderr that it is unsandboxed (a check cell on a student's
+laptop); the grader refuses that unless told ``--unsandboxed`` (:func:`missing`).
+
+The process limit (:func:`process_limit`): RLIMIT_NPROC, which root ignores, so as root a pids
+cgroup (the v1 controller, or on cgroup v2 a child of our own cgroup when its subtree delegates
+``pids``), else a user of its own: bwrap starts the worker through ``setpriv`` as an unused uid,
+which RLIMIT_NPROC binds and which owns nothing of the host.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import time
 from labkit.engines.servers import kill_tree
 from labkit.grading import wire
 
-__all__ = ["Jail", "LIMITS", "bwrap", "sandboxed"]
+__all__ = ["Jail", "LIMITS", "bwrap", "sandboxed", "missing", "process_limit"]
 
 WIRE = pathlib.Path(wire.__file__)
 WORKER, LABKIT = WIRE.with_name("worker.py"), WIRE.parents[1]
@@ -31,6 +36,11 @@ WORKER, LABKIT = WIRE.with_name("worker.py"), WIRE.parents[1]
 LIMITS = {"cpu": 60, "memory": 2 << 30, "file": 16 << 20, "files": 256, "procs": 32}
 TMP_BYTES = 64 << 20
 PIDS = pathlib.Path("/sys/fs/cgroup/pids")
+#: the first of the uids a worker runs as when no pids cgroup can be had as root (one per worker)
+UIDS = 3_000_000_000
+INSTALL = (
+    "install it with `apt-get install bubblewrap` (Debian, Ubuntu) or `dnf install bubblewrap`"
+)
 
 
 def bwrap() -> str | None:
@@ -47,7 +57,7 @@ def sandboxed() -> bool:
 ETC = ("ld.so.cache", "ld.so.conf", "localtime", "passwd", "group", "nsswitch.conf")
 
 
-def _argv(tool: str, hide) -> list[str]:
+def _argv(tool: str, hide, uid: int | None = None) -> list[str]:
     """bwrap's options. Nothing of the host is there unless named: ``/usr`` (and the links into
     it), a few files of ``/etc``, Python, the venv and ``labkit/`` without its checks, all
     read-only; a 64 MB ``/tmp``; a fresh ``/dev`` and ``/proc``. ``hide`` covers what of the
@@ -60,7 +70,9 @@ def _argv(tool: str, hide) -> list[str]:
             argv += ["--ro-bind", f"/{name}", f"/{name}"]
     for name in ETC:
         argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-    argv += ["--dev", "/dev", "--proc", "/proc", "--size", str(TMP_BYTES), "--tmpfs", "/tmp"]
+    argv += ["--dev", "/dev", "--proc", "/proc", "--size", str(TMP_BYTES)]
+    argv += ["--tmpfs", "/tmp"] if uid is None else ["--perms", "1777", "--tmpfs", "/tmp"]
+    argv += ["--perms", "0755", "--dir", "/tmp/.labkit"]  # the worker's uid reads it
     for place in sorted({sys.base_prefix, sys.prefix, str(LABKIT)}, key=len):
         argv += ["--ro-bind", place, place]
     shown = (sys.base_prefix, sys.prefix, str(LABKIT))
@@ -71,19 +83,45 @@ def _argv(tool: str, hide) -> list[str]:
     argv += ["--ro-bind", str(WIRE), "/tmp/.labkit/wire.py"]
     for place in (str(LABKIT / "grading"), "/dev", "/"):  # no tmpfs but /tmp can be written
         argv += ["--remount-ro", place]
-    argv += ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    if uid is None:
+        argv += ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    else:  # no user namespace (it would map root alone): setpriv drops to ``uid`` and every cap
+        argv += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
+        argv += ["--unshare-cgroup-try", "--die-with-parent", "--new-session"]
     argv += ["--chdir", "/tmp", "--setenv", "HOME", "/tmp"]
-    return argv + [os.path.abspath(sys.executable), "-I", "/tmp/.labkit/worker.py"]
+    drop = [] if uid is None else [shutil.which("setpriv"), f"--reuid={uid}", f"--regid={uid}"]
+    drop += ["--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--"] if drop else []
+    return argv + drop + [os.path.abspath(sys.executable), "-I", "/tmp/.labkit/worker.py"]
+
+
+def _pids_root() -> pathlib.Path | None:
+    """Where pids cgroups are made: the v1 controller's mount, or a cgroup2 mount whose
+    ``cgroup.subtree_control`` delegates ``pids`` to its children (v2 keeps processes out of a
+    cgroup that delegates, so a mount's top, the whole tree or a subtree given to the grader)."""
+    if (PIDS / "cgroup.procs").is_file():
+        return PIDS
+    with contextlib.suppress(OSError):
+        for line in pathlib.Path("/proc/self/mountinfo").read_text().splitlines():
+            fields = line.split()
+            if "-" in fields and fields[fields.index("-") + 1] == "cgroup2":
+                with contextlib.suppress(OSError):  # covered by another mount, say
+                    top = pathlib.Path(fields[4])
+                    if "pids" in (top / "cgroup.subtree_control").read_text().split():
+                        return top
+    return None
 
 
 def _pids_group() -> pathlib.Path | None:
     """A pids cgroup for one worker (as root RLIMIT_NPROC is ignored), or None if none can be made.
     Groups left by a judge that died are emptied and removed first."""
-    for group in PIDS.glob("labkit-judge-*"):
+    root = _pids_root()
+    if root is None:
+        return None
+    for group in root.glob("labkit-judge-*"):
         if not os.path.exists(f"/proc/{group.name.split('-')[2]}"):
             _remove(group)
     with contextlib.suppress(OSError):
-        group = PIDS / f"labkit-judge-{os.getpid()}-{id(object())}"
+        group = root / f"labkit-judge-{os.getpid()}-{id(object())}"
         group.mkdir()
         (group / "pids.max").write_text(str(LIMITS["procs"]))
         return group
@@ -106,6 +144,51 @@ def _remove(group: pathlib.Path) -> None:
         time.sleep(0.01)
 
 
+def process_limit(group: pathlib.Path | None = None) -> str | None:
+    """How a worker's processes are limited here: "cgroup" (``group``), "rlimit" (not root),
+    "uid" (root, bubblewrap and setpriv: a user of its own), or None: no limit can be had."""
+    if group is not None:
+        return "cgroup"
+    if os.getuid() != 0:
+        return "rlimit"
+    return "uid" if bwrap() and shutil.which("setpriv") else None
+
+
+def _works(tool: str, uid: int | None) -> str | None:
+    """Why bubblewrap cannot start a sandbox here (no user namespaces, say), or None."""
+    argv = [*_argv(tool, (), uid)[:-2], "-c", "pass"]  # its Python, which runs nothing
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd="/")
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    return None if done.returncode == 0 else (done.stderr.strip() or f"exit {done.returncode}")
+
+
+def missing() -> list[str]:
+    """What the grader lacks to run answers sandboxed, in words ([] if nothing): bubblewrap,
+    a bubblewrap that works here, a process limit."""
+    tool = bwrap()
+    if tool is None:
+        return [f"bubblewrap (bwrap) is not on PATH: {INSTALL}"]
+    group = _pids_group()
+    kind = process_limit(group)
+    if group is not None:
+        _remove(group)
+    if kind is None:
+        return ["no process limit: no pids cgroup (v1, or v2 delegated) and no setpriv to run "
+                "answers as a user of their own (`apt-get install util-linux`)"]  # fmt: skip
+    why = _works(tool, _uid() if kind == "uid" else None)
+    return [f"bubblewrap cannot start a sandbox here: {why}"] if why else []
+
+
+_SERIAL = iter(range(1 << 30))
+
+
+def _uid() -> int:
+    """A uid no other live worker has: one per judge process and worker."""
+    return UIDS + (os.getpid() << 4) + next(_SERIAL) % 16
+
+
 def _limits(group: pathlib.Path | None):
     def preexec() -> None:
         cpu, memory = LIMITS["cpu"], LIMITS["memory"]
@@ -116,7 +199,7 @@ def _limits(group: pathlib.Path | None):
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if group is not None:
             (group / "cgroup.procs").write_text(str(os.getpid()))
-        elif os.getuid() != 0:
+        else:  # binds any user but root: the worker runs as one (see process_limit)
             resource.setrlimit(resource.RLIMIT_NPROC, (LIMITS["procs"], LIMITS["procs"]))
 
     return preexec
@@ -137,18 +220,16 @@ class Jail:
 
     def __init__(self, *, hide=(), warn=None) -> None:
         self.group, self.folder = _pids_group(), None
-        if self.group is None and os.getuid() == 0:  # RLIMIT_NPROC does not bind root
-            print(
-                "labkit.grading: no pids cgroup: answers have no process limit",
-                file=warn or sys.stderr,
-            )
+        tool, self.limit = bwrap(), process_limit(self.group)
+        uid = _uid() if self.limit == "uid" else None
+        if self.limit is None:  # root, no pids cgroup, no bubblewrap: RLIMIT_NPROC does not bind
+            print("labkit.grading: answers have no process limit", file=warn or sys.stderr)
         self.rfd, wj = os.pipe()  # worker -> judge
         rw, self.wfd = os.pipe()  # judge -> worker
-        tool = bwrap()
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "MPLBACKEND": "Agg", "HOME": "/tmp"}
         env["OPENBLAS_NUM_THREADS"] = "1"
         if tool:
-            argv, cwd = _argv(tool, hide), "/"
+            argv, cwd = _argv(tool, hide, uid), "/"
         else:
             print(
                 "labkit.grading: bubblewrap is missing: answers run UNSANDBOXED",
