@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import multiprocessing
 import os
@@ -52,20 +53,84 @@ __all__ = ["Submission", "grade", "main", "load_points", "restore_checks", "task
 __all__ += ["scorecard", "totals", "write_csv", "write_feedback", "write_junit"]
 
 
-def _judge(job: tuple) -> dict:
-    """Judge one prepared notebook: ``{task: Report}``."""
-    from labkit.grading import judge
-    from labkit.grading.notebooks import cell_source, program
+#: why a notebook scores nothing when the process that judged it died (a signal, a crash in SQLite)
+CRASHED = "the judge crashed on this notebook; look at it by hand"
 
-    nb, tasks, hide, timeout, solutions = job
+
+def notebook_limit(cells: int, tasks: int, timeout: float) -> float:
+    """The real time a notebook's judge may take: each cell its ``timeout``, each task the
+    judge's task limit, and a little to start; past it the judge is killed."""
+    from labkit.grading.judge import TASK_LIMIT
+
+    return timeout * (cells + TASK_LIMIT * tasks + 2)
+
+
+def _judge(job: tuple) -> dict:
+    """Judge one prepared notebook in a process of its own: ``{task: Report}``. If that process
+    dies (a signal, a crash inside SQLite) or outlives :func:`notebook_limit`, every task of
+    this notebook scores nothing and says so; the other notebooks are not touched."""
+    import select
+    import signal
+
+    from labkit.clock import RealClock
+    from labkit.grading.notebooks import cell_source
+    from labkit.grading.scores import Report
+
+    nb, tasks = job[:2]
+    cells = [
+        s
+        for c in nb["cells"]
+        if c.get("cell_type") == "code" and isinstance(s := cell_source(c), str)
+    ]
+    limit = notebook_limit(len(cells), len(tasks), job[3])
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the judge: whatever happens here, it ends here
+        try:
+            os.close(rfd)
+            os.setpgid(0, 0)  # its sandbox's processes go with it
+            found = {t: r.to_json() for t, r in _judge_here(job, cells).items()}
+            data = json.dumps(found).encode()
+            while data:
+                data = data[os.write(wfd, data) :]
+        finally:
+            os._exit(0)
+    os.close(wfd)
+    clock = RealClock()  # grading's real-time bound
+    chunks, end, why = [], clock.now() + limit, CRASHED
+    try:
+        while (left := end - clock.now()) > 0 and select.select([rfd], [], [], left)[0]:
+            if not (chunk := os.read(rfd, 1 << 16)):
+                break
+            chunks.append(chunk)
+        else:
+            why = f"the judge did not finish this notebook within {limit:g} s; look at it by hand"
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+    finally:
+        os.close(rfd)
+        _, status = os.waitpid(pid, 0)
+    try:
+        if status != 0:
+            raise ValueError(f"the judge's exit status {status}")
+        found = json.loads(b"".join(chunks))
+        return {t: Report.from_json(found[t]) for t in tasks}
+    except (ValueError, KeyError, TypeError):
+        return {t: refused(t, why) for t in tasks}
+
+
+def _judge_here(job: tuple, cells: list[str]) -> dict:
+    """Judge one prepared notebook in this process: ``{task: Report}``."""
+    from labkit.grading import judge
+    from labkit.grading.notebooks import program
+
+    _, tasks, hide, timeout, solutions = job
     os.environ["LABKIT_SOLUTIONS"] = str(solutions)  # the judge reads the keys from there
     import labkit.grading
 
     labkit.grading.SOLUTIONS = str(solutions)
     try:
-        sources = [cell_source(c) for c in nb["cells"] if c.get("cell_type") == "code"]
-        items = program([s for s in sources if isinstance(s, str)])
-        verdicts = judge.judge(items, set(tasks), hide=hide, timeout=timeout)
+        verdicts = judge.judge(program(cells), set(tasks), hide=hide, timeout=timeout)
     except Exception as exc:  # whatever went wrong costs this notebook only, and says so
         verdicts = {t: refused(t, f"the judge could not run it ({exc!r})") for t in tasks}
     return {t: verdicts.get(t) or refused(t, "its check never ran") for t in tasks}
