@@ -35,60 +35,89 @@ _FIXED = ("seed", "protected")  # the controls every panel has
 _LIVE = "LABKIT_LIVE_SECONDS"  # if set, caps a whole replay at that many wall seconds
 
 
-class TimelineRenderer:
-    """Draw many runs fast as PNG bytes (for the panel): the picture of :func:`.plot.timeline`.
+#: the settings a picture depends on besides its run: presenter mode changes them
+_MODE = (
+    "font.size", "axes.titlesize", "axes.labelsize", "xtick.labelsize", "ytick.labelsize",
+    "legend.fontsize", "lines.linewidth", "lines.markersize", "hatch.linewidth", "axes.linewidth",
+)  # fmt: skip
 
-    The frame is drawn once per (lanes, fonts), its time axis once per range, then each run only
-    blits its artists. Lanes (those of ``runs`` reserved up front) stay put once seen; ``xmax``
-    fixes the range. After :meth:`png`: ``label_boxes``, ``[(text, (x0, y0, x1, y1))]``, and
-    ``legend_text_px``, the legend's em, both in image pixels (origin top left)."""
 
-    def __init__(self, runs=(), *, xmax: float | None = None) -> None:
-        self.lanes, self.hold = [], xmax
-        for run in runs:
-            self.lanes = merge_lanes(self.lanes, lanes_of(run.history))
+class _Frame:
+    """One figure for one (lanes, mode): its frame drawn once, its time axes kept per range."""
+
+    def __init__(self, lanes: list[str], xmax: float) -> None:
         self.figure = Figure(dpi=80)
         self.canvas = FigureCanvasAgg(self.figure)
         self.ax = self.figure.add_subplot()
-        self._key = self._background = self._artists = None
-        self._ranges, self.label_boxes, self.legend_text_px = {}, [], 0.0
+        fit_figure(self.figure, len(lanes), top=0.25)  # the panel shows the title
+        frame(self.ax, lanes, xmax)
+        self.ax.xaxis.set_animated(True)
+        self.artists = add_artists(self.ax, animated=True)
+        self.canvas.draw()
+        self.background = self.canvas.copy_from_bbox(self.figure.bbox)
+        size = max(t.get_fontsize() for t in self.ax.get_legend().get_texts())
+        self.legend_text_px = size * self.figure.dpi / 72
+        self.ranges: dict = {}
 
-    def _prepare(self, end: float) -> None:
-        """Restore the frame for the lanes, fonts and range; draw it only when the lanes or fonts
-        change, and its time axis (kept in a small cache) when the range does."""
-        key = (tuple(self.lanes), mpl.rcParams["font.size"], mpl.rcParams["lines.markersize"])
-        xmax = self.hold or x_range(end)
-        if key != self._key:
-            self._key, self._ranges = key, {}
-            fit_figure(self.figure, len(self.lanes), top=0.25)  # the panel shows the title
-            self.ax.clear()
-            frame(self.ax, self.lanes, xmax)
-            self.ax.xaxis.set_animated(True)
-            self._artists = add_artists(self.ax, animated=True)
-            self.canvas.draw()
-            self._background = self.canvas.copy_from_bbox(self.figure.bbox)
-            size = max(t.get_fontsize() for t in self.ax.get_legend().get_texts())
-            self.legend_text_px = size * self.figure.dpi / 72
-        self.xmax = xmax
-        if xmax in self._ranges:
-            return self.canvas.restore_region(self._ranges[xmax])
-        self.canvas.restore_region(self._background)
+    def show_range(self, xmax: float) -> None:
+        """Set the time axis to ``xmax`` (always: the limits place every artist) and put its
+        pixels in the canvas, from the cache when this range was drawn before."""
         self.ax.set_xlim(-0.02 * xmax, xmax)
+        if xmax in self.ranges:
+            return self.canvas.restore_region(self.ranges[xmax])
+        self.canvas.restore_region(self.background)
         self.ax.draw_artist(self.ax.xaxis)
-        self._ranges = self._ranges if len(self._ranges) < 16 else {}  # 2 MB each
-        self._ranges[xmax] = self.canvas.copy_from_bbox(self.figure.bbox)
+        if len(self.ranges) >= 8:  # about 1 MB each
+            self.ranges.pop(next(iter(self.ranges)))
+        self.ranges[xmax] = self.canvas.copy_from_bbox(self.figure.bbox)
+
+
+class TimelineRenderer:
+    """Draw many runs fast as PNG bytes (for the panel): the picture of :func:`.plot.timeline`.
+
+    A picture is a function of the run, the lanes reserved here and the mode (presenter or not,
+    taken when the renderer is made): the same run gives the same bytes whatever was drawn
+    before. Caches only save time: a figure per (lanes, mode) whose frame is drawn once, and its
+    time axis per range. ``runs`` (or ``lanes``) reserve lanes, so that the picture keeps its
+    size while a slider moves; ``xmax`` fixes the range. After :meth:`png`: ``label_boxes``,
+    ``[(text, (x0, y0, x1, y1))]``, and ``legend_text_px``, the legend's em, both in image pixels
+    (origin top left)."""
+
+    def __init__(self, runs=(), *, xmax: float | None = None, lanes=()) -> None:
+        self.reserved = list(lanes)
+        for run in runs:
+            self.reserved = merge_lanes(self.reserved, lanes_of(run.history))
+        self.lanes, self.hold, self.xmax = list(self.reserved), xmax, None
+        self.mode = {k: mpl.rcParams[k] for k in _MODE}
+        self._frames: dict = {}
+        self._frame: _Frame | None = None
+        self.label_boxes, self.legend_text_px = [], 0.0
+
+    @property
+    def canvas(self):
+        """The canvas of the last picture."""
+        return self._frame.canvas
 
     def png(self, result) -> bytes:
         """Render ``result``'s timeline and return it as PNG bytes."""
-        self.lanes = merge_lanes(self.lanes, lanes_of(result.history))
-        self._prepare(end_of(result.history))
-        sc = scene(result, self.lanes, self.xmax, point_in_data(self.ax))
-        patches, self.label_boxes = label_patches(self.ax, sc)
-        for artist in fill(self._artists, sc) + patches:
-            artist.set_figure(self.figure)
-            self.ax.draw_artist(artist)
+        with mpl.rc_context(self.mode):
+            self.lanes = merge_lanes(self.reserved, lanes_of(result.history))
+            self.xmax = self.hold or x_range(end_of(result.history))
+            key = tuple(self.lanes)
+            if key not in self._frames:
+                if len(self._frames) >= 4:
+                    self._frames.pop(next(iter(self._frames)))
+                self._frames[key] = _Frame(self.lanes, self.xmax)
+            self._frame = frame_ = self._frames[key]
+            self.legend_text_px = frame_.legend_text_px
+            frame_.show_range(self.xmax)
+            sc = scene(result, self.lanes, self.xmax, point_in_data(frame_.ax))
+            patches, self.label_boxes = label_patches(frame_.ax, sc)
+            for artist in fill(frame_.artists, sc) + patches:
+                artist.set_figure(frame_.figure)
+                frame_.ax.draw_artist(artist)
+            pixels = np.asarray(frame_.canvas.buffer_rgba())
         png = io.BytesIO()
-        pixels = np.asarray(self.canvas.buffer_rgba())
         imsave(png, pixels, format="png", pil_kwargs={"compress_level": 1})  # level 6: +40% time
         return png.getvalue()
 
@@ -156,7 +185,8 @@ class Explorer(widgets.VBox):
 
     def __init__(self, scenario, controls: dict, fixed: dict) -> None:
         self.scenario, self.controls, self.fixed = scenario, controls, fixed
-        self.renderer = TimelineRenderer(self._previews())
+        self.reserved = TimelineRenderer(self._previews()).reserved  # fixed for the panel
+        self.renderer = TimelineRenderer(lanes=self.reserved)
         self.result: Result | None = None
         summary = html.escape(((scenario.__doc__ or "").strip().splitlines() or [""])[0])
         summary = re.sub(r"``(.+?)``", r"<code>\1</code>", summary)  # the docstring's literals

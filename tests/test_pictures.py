@@ -1,0 +1,115 @@
+"""The picture is a function of the knobs: every lesson panel, moved along any path, shows the PNG a
+fresh renderer draws for the same knobs; and every slider position draws or refuses in words."""
+
+import base64
+import functools
+
+import matplotlib
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+matplotlib.use("Agg")
+
+import labkit.scenarios  # noqa: E402
+from labkit.views.widgets import TimelineRenderer, explore  # noqa: E402
+from test_panels import CELLS  # noqa: E402
+
+CALLS = [(name, call) for name, _, call in CELLS]
+IDS = [f"{name[:2]}:{call[8:30]}" for name, call in CALLS]
+SETTINGS = settings(
+    max_examples=3, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
+
+
+@functools.cache
+def panel(call: str):
+    """The panel a lesson cell builds, by its own call (one per call, reused by every example)."""
+    made = eval(call, {"explore": explore, **vars(labkit.scenarios)})
+    made.start = {name: control.value for name, control in made.controls.items()}
+    return made
+
+
+def shown(p) -> bytes:
+    """The PNG bytes the panel's Output shows."""
+    return base64.b64decode(p.image.outputs[0]["data"]["image/png"])
+
+
+def values(control) -> list:
+    """Every value a control can take (a slider's steps, a dropdown's options, both toggle states)."""
+    if hasattr(control, "options"):
+        return list(control.options)
+    if isinstance(control.value, bool):
+        return [False, True]
+    n = round((control.max - control.min) / control.step)
+    return [type(control.value)(control.min + k * control.step) for k in range(n + 1)]
+
+
+def anchors(p, name) -> list:
+    """A control's ends, middle and start: the values a path comes back to most."""
+    every = values(p.controls[name])
+    return list(dict.fromkeys([every[0], every[-1], every[len(every) // 2], p.start[name]]))
+
+
+def moves(p):
+    """One move: a control and a value it can take, often one it is likely to have had before."""
+    return st.sampled_from(list(p.controls)).flatmap(
+        lambda name: st.tuples(
+            st.just(name),
+            st.sampled_from(anchors(p, name)) | st.sampled_from(values(p.controls[name])),
+        )
+    )
+
+
+def fresh_png(p) -> bytes:
+    """The knobs' picture drawn by a new renderer that has drawn nothing before."""
+    run = p.scenario(
+        protected=p.controls["protected"].value, seed=p.controls["seed"].value, **p.knobs()
+    )
+    return TimelineRenderer(lanes=p.reserved).png(run)
+
+
+@pytest.mark.parametrize("name, call", CALLS, ids=IDS)
+def test_a_panel_moved_along_any_path_shows_a_fresh_renderers_picture(name, call):
+    """Along random paths of slider, dropdown, seed and toggle moves (starting wherever the last
+    example left the panel), the PNG at each point is byte-identical to a fresh renderer's."""
+    p = panel(call)
+
+    @SETTINGS
+    @given(st.data())
+    def walk(data):
+        path = data.draw(st.lists(moves(p), min_size=2, max_size=6))
+        for control, value in path:
+            p.controls[control].value = value
+            if p.result is not None:
+                assert shown(p) == fresh_png(p), f"{name}: after {path}"
+
+    walk()
+
+
+def test_the_lesson_00_round_trip_draws_the_first_picture_again():
+    """Lesson 00's pause 30 -> 5 -> 30: the same picture as at the start, expiry and writes in
+    place (the renderer once restored a cached axis without its limits)."""
+    p = explore(labkit.scenarios.expired_but_alive, protected=False, pause=(0, 60, 0.5))
+    first = shown(p)
+    p.controls["pause"].value = 5
+    assert shown(p) != first
+    p.controls["pause"].value = 30
+    assert shown(p) == first and p.renderer.canvas.figure.axes[0].get_xlim()[1] == 35
+
+
+def test_a_panel_made_in_presenter_mode_stays_in_it_and_a_later_one_changes_nothing():
+    """A panel keeps the mode it was made in: present() in a later cell does not enlarge it."""
+    from labkit.views.plot import present
+
+    p = explore(labkit.scenarios.expired_but_alive, protected=False)
+    normal = shown(p)
+    with present():
+        big = explore(labkit.scenarios.expired_but_alive, protected=False)
+        p.controls["pause"].value = 31
+        p.controls["pause"].value = 30
+    assert shown(p) == normal and shown(big) != normal
+    big.controls["pause"].value = 31
+    big.controls["pause"].value = 30
+    with present():
+        assert shown(big) == fresh_png(big)
