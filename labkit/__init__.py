@@ -14,23 +14,12 @@ from labkit.errors import LabkitError, LeaseHeld, LeaseLost, StaleGeneration
 from labkit.fence import Fence, Tx
 from labkit.idempotency import run_once
 from labkit.lease import Lease, LeaseAuthority
-from labkit.mechanisms.effects import EmailProvider, ETagStore, FencedFileStore, Outbox
-from labkit.mechanisms.effects import PaymentProvider
-from labkit.mechanisms.issuers import EpochAuthority, EpochIssuer
-from labkit.mechanisms.recovery import Claims
-from labkit.mechanisms.timing import LeaseKeeper, VersionLease, backoff, conservative_deadline
-from labkit.sim.history import Event, Violation, check
 
-# the core and its errors
+# the core, its errors and presenter mode: ``import labkit`` loads nothing else. The lessons'
+# mechanisms and the checker live in their own namespaces (labkit.mechanisms..., labkit.sim).
 __all__ = ["connect", "Clock", "VirtualClock", "RealClock", "Lease", "LeaseAuthority", "Fence"]
 __all__ += ["Tx", "run_once", "LabkitError", "BadArgument", "BadArgumentType", "LeaseHeld"]
-__all__ += ["LeaseLost", "StaleGeneration", "KeyReused", "KeyNotRecorded", "Busy"]
-# the mechanisms of lessons 04-08
-__all__ += ["conservative_deadline", "LeaseKeeper", "backoff", "VersionLease", "EpochIssuer"]
-__all__ += ["EpochAuthority", "Claims", "FencedFileStore", "EmailProvider", "PaymentProvider"]
-__all__ += ["Outbox", "ETagStore"]
-# histories and their checker, and presenter mode
-__all__ += ["check", "Event", "Violation", "present"]
+__all__ += ["LeaseLost", "StaleGeneration", "KeyReused", "KeyNotRecorded", "Busy", "present"]
 
 
 def connect(path=":memory:", *, busy_timeout_ms: int = 5000):

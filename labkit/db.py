@@ -9,15 +9,18 @@ both read and then collide), then ``COMMIT`` if the block finishes or ``ROLLBACK
 errors become labkit errors here, or in an engine's handle.
 """
 
+from __future__ import annotations
+
 import contextlib
 import os
 import sqlite3
-from typing import Any, Iterator, Mapping
-
-import sqlite_utils
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from labkit.errors import BadArgument, BadArgumentType, Busy, LabkitError, StaleGeneration
 from labkit.errors import check_number
+
+if TYPE_CHECKING:
+    import sqlite_utils
 
 __all__ = ["connect", "transaction", "execute", "rowcount", "in_transaction", "check_db"]
 __all__ += ["check_name", "quote", "ensure", "ensure_schema"]
@@ -53,6 +56,8 @@ def connect(path: str = ":memory:", *, busy_timeout_ms: int = 5000) -> sqlite_ut
         )
     except sqlite3.Error as exc:
         raise BadArgument("path", f"cannot open {path!r}: {exc}") from None
+    import sqlite_utils  # here, not at the top: it loads numpy, which `import labkit` must not
+
     db = sqlite_utils.Database(conn)
     try:
         execute(db, "PRAGMA foreign_keys = ON")

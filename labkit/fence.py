@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-import sqlite_utils
 
 from labkit.db import check_db, check_name, ensure, execute, in_transaction, quote, transaction
 from labkit.errors import MAX_INT, BadArgument, BadArgumentType, LabkitError, StaleGeneration
 from labkit.errors import check_number
+
+if TYPE_CHECKING:
+    import sqlite_utils
 
 __all__ = ["Fence", "Tx", "token", "show", "unfenced", "check_tx"]
 
@@ -154,6 +156,8 @@ class Tx:
         """The sqlite-utils view of this transaction (it cannot refuse use after the block)."""
         if hasattr(self.conn, "labkit_engine"):
             raise BadArgument("tx", "tx.db is sqlite-utils, for SQLite only: use tx.execute(sql)")
+        import sqlite_utils  # on first use: it loads numpy (labkit.db.connect says why)
+
         return sqlite_utils.Database(self.conn)
 
 
