@@ -4,6 +4,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 NBVAL  := -p no:hypothesispytest --nbval-lax --nbval-current-env
+# both cores: each test file (each notebook) runs whole on one worker, so module fixtures stay one
+XDIST  := -n 2 --dist loadfile
 # `make lab TOKEN=... PORT=...` to choose; otherwise a new token and the first free port from 8888,
 # each computed once in the recipe's shell, so the URL printed is the one the server accepts.
 FREEPORT := import socket; print(next(p for p in range(8888, 8999) if socket.socket().connect_ex(("127.0.0.1", p))))
@@ -29,8 +31,8 @@ lab: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff format --check labkit
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q tests
-	$(BIN)/python -m pytest -q $(NBVAL) notebooks solutions
+	$(BIN)/python -m pytest -q $(XDIST) tests
+	$(BIN)/python -m pytest -q $(XDIST) $(NBVAL) notebooks solutions
 
 exercises: $(STAMP)
 	$(BIN)/python -m labkit.grading.notebooks build
