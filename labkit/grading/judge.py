@@ -18,8 +18,8 @@ import threading
 import sqlite_utils
 
 from labkit.clock import RealClock
-from labkit.grading import wire
-from labkit.grading.policy import SQL, allow, guard, lendable
+from labkit.grading import lab, wire
+from labkit.grading.policy import JUDGES, SQL, allow, authorizer, lendable
 from labkit.grading.sandbox import Jail, sandboxed
 
 __all__ = ["Sandbox", "RemoteAnswer", "Refused", "judge", "attempt", "sandboxed"]
@@ -27,6 +27,8 @@ __all__ = ["Sandbox", "RemoteAnswer", "Refused", "judge", "attempt", "sandboxed"
 
 #: a whole task may take this many times the per-message timeout (real time: a grader must end)
 TASK_LIMIT, CLOCK = 3, RealClock()
+#: one statement of the answer's may run this long (s) before SQLite interrupts it
+STATEMENT_LIMIT = 2.0
 
 
 class Refused(BaseException):
@@ -104,15 +106,40 @@ class Sandbox(wire.Peer):
         return super().handle(value)
 
     def perform(self, target, what: str, args: list):
-        """Run the answer's SQL under :func:`~labkit.grading.policy.guard` (it runs in the judge: it must reach no
-        other file and none of the judge's own tables, and may not shadow one)."""
+        """Run the answer's SQL under the allow-list of :func:`~labkit.grading.policy.authorizer`
+        (it runs in the judge: it may reach only the trial's tables) and a progress handler that
+        stops a statement after :data:`STATEMENT_LIMIT` s, or when the task's time is up. Either
+        ends the answer's trial: it raises Refused, which the answer never sees."""
         if not isinstance(target, sqlite3.Connection) or what not in SQL:
             return wire.perform(target, what, args)
-        target.set_authorizer(guard)
+        if JUDGES.search(str(args[0])):
+            self.broken = True
+            raise Refused("the answer's SQL names the judge's own records (crash_...)")
+        refused, end = [], CLOCK.now() + STATEMENT_LIMIT
+        end = end if self.deadline is None else min(end, self.deadline)
+        dying = lab.DYING.get(id(target))  # a worker dying at a statement (lab.process; read
+        # through the module: a reload of the checks makes a new DYING)
+
+        def tick() -> int:
+            if CLOCK.now() > end:
+                refused.append("slow")
+            return 1 if refused or dying and dying() else 0
+
+        target.set_authorizer(authorizer(refused))
+        target.set_progress_handler(tick, 1 if dying else 1000)
         try:
             return wire.perform(target, what, args)
+        except sqlite3.DatabaseError:
+            if not refused:
+                raise
         finally:
             target.set_authorizer(None)
+            target.set_progress_handler((lambda: 1 if dying() else 0) if dying else None, 1)
+        self.broken = True  # the answer's process still waits for this reply: it is done for
+        if refused[0] == "slow":
+            raise Refused(f"an SQL statement took too long (over {STATEMENT_LIMIT:g} s, or past "
+                          "the task's time)")  # fmt: skip
+        raise Refused(f"the judge does not run that SQL ({refused[0]}): a task needs none of it")
 
     def kind(self, value) -> list:
         if isinstance(value, sqlite3.Connection):

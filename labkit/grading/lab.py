@@ -79,8 +79,10 @@ class Scratch:
         return os.path.join(self.folder, name)
 
     def open(self, name: str = "check.db"):
-        """A new connection (busy timeout 0, no fsync) to file ``name`` in the folder."""
+        """A new connection (busy timeout 0, no fsync, the schema not trusted: an answer's SQL
+        may run on it) to file ``name`` in the folder."""
         self.opened.append(connect_file(self.path(name)))
+        self.opened[-1].conn.execute("PRAGMA trusted_schema = OFF")
         return self.opened[-1]
 
 
@@ -145,6 +147,11 @@ def between_statements(db, at: int, action):
         db.conn.set_trace_callback(None)
 
 
+#: id(connection) -> whether its worker's process is dead (the judge's own progress handler,
+#: which bounds the answer's statements, keeps interrupting a dead worker's statements)
+DYING: dict[int, Callable[[], bool]] = {}
+
+
 @contextlib.contextmanager
 def process(db, dies):
     """Run a worker on ``db`` whose process dies when ``dies(sql)`` first says so.
@@ -160,9 +167,11 @@ def process(db, dies):
 
     db.conn.set_trace_callback(trace)
     db.conn.set_progress_handler(lambda: 1 if seen["dead"] else 0, 1)
+    DYING[id(db.conn)] = lambda: seen["dead"]
     try:
         yield seen
     finally:
+        DYING.pop(id(db.conn), None)
         db.conn.set_trace_callback(None)
         db.conn.set_progress_handler(None, 1)
 

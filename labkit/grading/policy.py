@@ -3,7 +3,7 @@
 The answer's requests run in the judge's process, on the judge's own objects, so the judge
 decides what may be lent (:func:`lendable`: no frame, module, path or builtin ever crosses),
 which requests each lent object answers (:func:`allow`), and what the answer's SQL may touch
-in the trial's file (:func:`guard`, an SQLite authorizer while that SQL runs).
+in the trial's file (:func:`authorizer`, an allow-list, while that SQL runs).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import types
 
 import sqlite_utils
 
-__all__ = ["allow", "guard", "lendable", "SQL"]
+__all__ = ["allow", "authorizer", "lendable", "SQL", "FUNCTIONS", "PRAGMAS", "TABLES"]
 
 #: what an answer may do with a connection the judge lends it
 SQL = ("execute", "executemany", "executescript")
@@ -26,23 +26,40 @@ CONN_READS = ("in_transaction", "total_changes", "isolation_level")
 COMMENTS = re.compile(r"\A(?:\s+|--[^\n]*(?:\n|\Z)|/\*.*?\*/)+", re.S)
 #: the judge's own tables in a trial's file (``writers.py``'s crash plan, 07.2's issued log)
 PRIVATE = ("crash_plan", "issued")
-TOUCH = (sqlite3.SQLITE_READ, sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE,
-         sqlite3.SQLITE_DROP_TABLE)  # fmt: skip
-DENIED = {
-    getattr(sqlite3, f"SQLITE_{n}")
-    for n in (
-        "ATTACH",
-        "DETACH",
-        "CREATE_TEMP_TABLE",
-        "CREATE_TEMP_VIEW",
-        "CREATE_TEMP_TRIGGER",
-        "CREATE_TEMP_INDEX",
-        "DROP_TRIGGER",
-        "DROP_TEMP_TRIGGER",
-        "CREATE_TRIGGER",
-        "RECURSIVE",
-    )
-}  # fmt: skip (RECURSIVE: no endless CTE)
+#: the tables an answer's SQL may read and write: labkit's own (the trials' and those labkit's
+#: code creates when an answer calls it), SQLite's sequence, and sqlite-utils' throwaway probes
+TABLES = frozenset(
+    "charges claims done_units epoch_counter epochs files idempotency_keys invoice_lines invoices "
+    "job_fence lease_counter leases objects outbox repl_applied repl_log version_leases "
+    "sqlite_sequence".split()
+)
+#: the judge's triggers: only they read its crash plan, and no SQL of an answer's may name one (a
+#: CTE or view of that name would pass for one in the authorizer)
+JUDGES = re.compile(r"crash_", re.I)
+PROBE = re.compile(r"t[0-9a-f]{32}")  # sqlite-utils' supports_strict / supports_on_conflict
+#: the pragmas an answer may run: a table's shape (sqlite-utils reads it), and busy_timeout read
+PRAGMAS = frozenset(
+    "table_info table_xinfo index_list index_info index_xinfo foreign_key_list".split()
+)
+#: the SQL functions an answer may call: plain arithmetic, text and aggregates (no clock, no
+#: randomness, no blobs of any size, no printf widths, no extensions, JSON or full-text search)
+FUNCTIONS = frozenset(
+    "abs avg changes coalesce count group_concat ifnull iif instr last_insert_rowid length like "
+    "glob lower ltrim max min nullif replace round rtrim substr substring sum total total_changes "
+    "trim typeof upper".split()
+)
+_A = sqlite3
+ROWS = {_A.SQLITE_READ, _A.SQLITE_INSERT, _A.SQLITE_UPDATE, _A.SQLITE_DELETE}
+PLAIN = {_A.SQLITE_SELECT, _A.SQLITE_TRANSACTION, _A.SQLITE_SAVEPOINT}
+#: the statement kinds an answer may run, beside those: the authorizer's action codes by name
+KINDS = {v: k[7:] for k, v in vars(_A).items() if k.startswith("SQLITE_") and k[7:] in (
+    "CREATE_INDEX CREATE_TABLE CREATE_TEMP_INDEX CREATE_TEMP_TABLE CREATE_TEMP_TRIGGER "
+    "CREATE_TEMP_VIEW CREATE_TRIGGER CREATE_VIEW DELETE DROP_INDEX DROP_TABLE DROP_TEMP_INDEX "
+    "DROP_TEMP_TABLE DROP_TEMP_TRIGGER DROP_TEMP_VIEW DROP_TRIGGER DROP_VIEW INSERT PRAGMA READ "
+    "SELECT TRANSACTION UPDATE ATTACH DETACH ALTER_TABLE REINDEX ANALYZE CREATE_VTABLE "
+    "DROP_VTABLE FUNCTION SAVEPOINT RECURSIVE").split()}  # fmt: skip
+# A trial's connections run ``PRAGMA trusted_schema = OFF`` (lab.Scratch.open); SQLite's
+# defensive mode needs Connection.setconfig, which arrives in Python 3.12 (this is 3.11).
 
 
 def allow(target, what: str, args: list) -> None:
@@ -97,12 +114,38 @@ def lendable(value) -> bool:
     return not isinstance(value, type) and (type(value).__module__ or "").startswith("labkit.")
 
 
-def guard(action: int, first, second, database, trigger) -> int:
-    """The authorizer on a lent connection while an answer's SQL runs: no ATTACH, no TEMP
-    object (it would shadow a table the trial reads), no dropped trigger, no writable schema,
-    and none of the judge's own tables (the crash plan, the issued log) but through a trigger."""
-    if action in DENIED or action == sqlite3.SQLITE_PRAGMA and first == "writable_schema":
-        return sqlite3.SQLITE_DENY
-    if first in PRIVATE and trigger is None and action in TOUCH:
-        return sqlite3.SQLITE_DENY
-    return sqlite3.SQLITE_OK
+def authorizer(refused: list):
+    """The authorizer on a lent connection while an answer's SQL runs, an allow-list: row reads
+    and writes of :data:`TABLES` in ``main``, SELECT, transactions and savepoints, the
+    :data:`PRAGMAS` (busy_timeout only read), the :data:`FUNCTIONS`, and a CREATE TABLE of
+    labkit's own tables (its code creates them when an answer calls it). Everything else (ATTACH,
+    VACUUM, views, triggers, TEMP objects, virtual tables, renames, drops, ANALYZE and statistics
+    tables, recursive queries, the judge's own tables) is refused: ``refused`` gets what, in words.
+    The judge's triggers (:data:`JUDGES`) read the crash plan: the answer can make no trigger,
+    and the judge refuses any SQL of its that names one."""
+
+    def guard(action: int, first, second, database, trigger) -> int:
+        if JUDGES.match(trigger or "") and action in ROWS | PLAIN:  # the crash plan's trigger
+            return _A.SQLITE_OK
+        table = first if action in ROWS or action == _A.SQLITE_CREATE_TABLE else None
+        name = (second if action == _A.SQLITE_FUNCTION else first) or ""
+        ok = action in PLAIN or action == _A.SQLITE_READ and database is None or (  # a CTE
+            action == _A.SQLITE_FUNCTION and name.lower() in FUNCTIONS
+            or action == _A.SQLITE_PRAGMA and database in (None, "main") and (
+                name.lower() in PRAGMAS and second not in PRIVATE
+                or name.lower() == "busy_timeout" and second is None)
+            or table is not None and database == "main" and (
+                table in TABLES or PROBE.fullmatch(table)
+                or table == "sqlite_master")  # SQLite's own rows of a CREATE TABLE: it
+            # refuses a statement's own writes there while writable_schema is off, as it stays
+            or action == _A.SQLITE_CREATE_INDEX and database == "main"
+            and first.startswith("sqlite_autoindex_") and second in TABLES
+            or action == _A.SQLITE_DROP_TABLE and database == "main" and PROBE.fullmatch(name)
+        )  # fmt: skip
+        if ok:
+            return _A.SQLITE_OK
+        what = KINDS.get(action, str(action)).replace("_", " ").lower()
+        refused.append(f"{what} {' '.join(str(x) for x in (first, second) if x)}".strip())
+        return _A.SQLITE_DENY
+
+    return guard

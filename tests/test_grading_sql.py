@@ -1,0 +1,212 @@
+"""The judge's SQL boundary fails closed (issue 22): an allow-list, a time limit, named refusals.
+
+The answer's SQL runs in the judge's process, on the trial's file. Every SQL function SQLite
+lists (``pragma_function_list``), every pragma (``pragma_list``, in any case, with a schema or
+a value) and every statement kind that the allow-list does not name is refused, and the refusal
+says what. Then wrong answers of the corpus are wrapped (their logic unchanged) in SQL that goes
+for the judge's records (renaming, shadowing, virtual tables, statistics, writable schema) or
+runs for minutes: each wrapped answer scores no more than the bare one.
+"""
+
+import sqlite3
+
+import pytest
+
+import corpus_part1
+import corpus_part2
+from answers import judged
+from labkit.grading import policy
+
+CORPUS = {**corpus_part1.CORPUS, **corpus_part2.CORPUS}
+SCHEMA = ("CREATE TABLE invoices (job_id TEXT, invoice_id TEXT, amount INTEGER, generation INTEGER)",
+          "CREATE TABLE crash_plan (invoice_id TEXT PRIMARY KEY)",
+          "CREATE TRIGGER crash_invoices_INSERT BEFORE INSERT ON invoices WHEN NEW.invoice_id IN "
+          "(SELECT invoice_id FROM crash_plan) BEGIN SELECT RAISE(ABORT, 'crash'); END",
+          "CREATE INDEX by_amount ON invoices(amount)", "CREATE VIEW billed AS SELECT * FROM invoices",
+          "ANALYZE", "CREATE TEMP TABLE scratch (x)")
+
+
+@pytest.fixture()
+def conn():
+    c = sqlite3.connect(":memory:", isolation_level=None)
+    for sql in SCHEMA:
+        c.execute(sql)
+    return c
+
+
+def refusal(conn, sql: str) -> list:
+    """What the allow-list refused of ``sql`` (empty: it let it run, or SQLite refused it first)."""
+    refused = []
+    conn.set_authorizer(policy.authorizer(refused))
+    try:
+        conn.execute(sql).fetchall()
+    except sqlite3.DatabaseError:
+        pass
+    finally:
+        conn.set_authorizer(None)
+    return refused
+
+
+def _functions():
+    c = sqlite3.connect(":memory:")
+    return c.execute("SELECT name, max(narg), max(type) FROM pragma_function_list GROUP BY name").fetchall()
+
+
+def test_every_function_not_on_the_list_is_refused_by_name(conn):
+    """Each of SQLite's functions (pragma_function_list) that a task does not need is refused,
+    and the refusal names it; each one on the list runs."""
+    found = _functions()
+    assert len(found) > 100 and policy.FUNCTIONS <= {name for name, _, _ in found}
+    for name, narg, kind in found:
+        args = ",".join(["'x'"] * (narg if narg >= 0 else 1))
+        sql = (f"SELECT 1 {name} 1" if name in ("->", "->>")
+               else f'SELECT "{name}"({args})' + (" OVER ()" if kind == "w" else ""))
+        refused = refusal(conn, sql)
+        if name in policy.FUNCTIONS:
+            assert not refused, (name, refused)
+        else:
+            assert refused and name in refused[0] and refused[0].startswith("function"), (name, refused)
+
+
+def test_every_pragma_not_on_the_list_is_refused_in_any_case(conn):
+    """Each pragma SQLite has (pragma_list) but the few that read a table's shape is refused,
+    written in lower, upper or mixed case, with the schema named, with a value; busy_timeout
+    may only be read."""
+    names = [row[0] for row in conn.execute("PRAGMA pragma_list")]
+    assert len(names) > 50
+    for name in names:
+        for spelled in (name, name.upper(), name.title()):
+            for sql in (f"PRAGMA {spelled}", f"PRAGMA main.{spelled}", f"PRAGMA {spelled} = 1",
+                        f"PRAGMA {spelled}(invoices)"):
+                refused = refusal(conn, sql)
+                allowed = name in policy.PRAGMAS or (  # a table's shape: the value is a table
+                    name == "busy_timeout" and "=" not in sql and "(" not in sql)
+                assert bool(refused) is not allowed, (sql, refused)
+                if not allowed:
+                    assert refused[0].startswith("pragma") and name.lower() in refused[0].lower(), sql
+    assert refusal(conn, "PRAGMA table_info(crash_plan)")  # not even the shape of the judge's tables
+
+
+KINDS = {  # every statement kind the allow-list leaves out, with SQL that needs it
+    "ATTACH": "ATTACH DATABASE ':memory:' AS other",
+    "DETACH": "DETACH DATABASE main",
+    "VACUUM (an ATTACH inside)": "VACUUM INTO '/tmp/labkit-copy.db'",
+    "ALTER TABLE (rename)": "ALTER TABLE crash_plan RENAME TO mine",
+    "ALTER TABLE (a column)": "ALTER TABLE invoices ADD COLUMN x",
+    "ANALYZE": "ANALYZE",
+    "statistics tables": "SELECT * FROM sqlite_stat1",
+    "CREATE INDEX": "CREATE INDEX i ON invoices(amount)",
+    "CREATE TABLE (not labkit's)": "CREATE TABLE mine (x)",
+    "CREATE TABLE (the judge's)": "CREATE TABLE issued (x)",
+    "CREATE TEMP TABLE": "CREATE TEMP TABLE invoices (x)",
+    "CREATE TEMP INDEX": "CREATE INDEX temp.i ON scratch(x)",
+    "CREATE VIEW": "CREATE VIEW v AS SELECT * FROM invoices",
+    "CREATE TEMP VIEW": "CREATE TEMP VIEW v AS SELECT * FROM invoices",
+    "CREATE TRIGGER": "CREATE TRIGGER t AFTER INSERT ON invoices BEGIN SELECT 1; END",
+    "CREATE TEMP TRIGGER": "CREATE TEMP TRIGGER t AFTER INSERT ON invoices BEGIN SELECT 1; END",
+    "CREATE VIRTUAL TABLE": "CREATE VIRTUAL TABLE temp.invoices USING fts5(x)",
+    "CREATE VIRTUAL TABLE (main)": "CREATE VIRTUAL TABLE jobs USING fts4(x)",
+    "a table-valued function": "SELECT * FROM pragma_table_info('crash_plan')",
+    "json_each": "SELECT * FROM json_each('[1]')",
+    "DROP TABLE": "DROP TABLE crash_plan",
+    "DROP TRIGGER": "DROP TRIGGER crash_invoices_INSERT",
+    "DROP INDEX": "DROP INDEX by_amount",
+    "DROP VIEW": "DROP VIEW billed",
+    "a view's rows": "SELECT * FROM billed",
+    "recursive CTE": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT max(x) FROM c",
+    "REINDEX": "REINDEX by_amount",
+    "the judge's table": "SELECT * FROM crash_plan",
+    "the judge's table, upper case": 'SELECT * FROM main."CRASH_PLAN"',
+    "the judge's table, written": "INSERT INTO crash_plan VALUES ('x')",
+    "the temp schema": "SELECT * FROM temp.sqlite_master",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_every_statement_kind_not_on_the_list_is_refused(conn, kind):
+    """Each statement kind the tasks do not need is refused, and the refusal says which."""
+    schema = conn.execute("SELECT * FROM sqlite_master").fetchall()
+    refused = refusal(conn, KINDS[kind])
+    assert refused, kind
+    assert conn.execute("SELECT * FROM sqlite_master").fetchall() == schema  # nothing changed
+
+
+def test_what_the_tasks_need_runs(conn):
+    """The statements the corpus's right answers send pass, the judge's trigger included."""
+    for sql in ("BEGIN IMMEDIATE", "INSERT INTO invoices VALUES ('j', 'INV-1', 100, 7)",
+                "SAVEPOINT s", "RELEASE s", "SELECT count(*), max(amount) FROM invoices",
+                "UPDATE invoices SET amount = amount + 1 WHERE job_id = 'j'",
+                "DELETE FROM invoices WHERE amount < 0", "PRAGMA table_info(invoices)",
+                "PRAGMA busy_timeout", "SELECT name FROM sqlite_master WHERE type = 'table'",
+                "WITH mine AS (SELECT * FROM invoices) SELECT count(*) FROM mine",
+                "CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY)", "COMMIT"):
+        assert not refusal(conn, sql), sql
+    conn.execute("INSERT INTO crash_plan VALUES ('INV-2')")
+    refused = []
+    conn.set_authorizer(policy.authorizer(refused))
+    with pytest.raises(sqlite3.IntegrityError, match="crash"):  # the trigger reads the plan
+        conn.execute("INSERT INTO invoices VALUES ('j', 'INV-2', 1, 7)")
+    assert not refused
+
+
+# ---------------------------------------------------------------- through the judge, against the bare answer
+
+WRAP = '''
+_bare = {name}
+def {name}(*args, **kwargs):
+    conn = args[0]
+    conn = getattr(conn, "conn", conn)
+    for sql in {attack!r}:
+        try:
+            rows = conn.execute(sql).fetchall()
+        except Exception:
+            continue
+        if rows and rows[0] and rows[0][0]:
+            raise RuntimeError("simulated crash: the disk is full")  # what the plan would do
+    return _bare(*args, **kwargs)
+'''
+ATTACKS = {
+    "renames the crash plan, then reads it": ["ALTER TABLE crash_plan RENAME TO plan", "SELECT count(*) FROM plan"],
+    "reads the crash plan through statistics": ["ANALYZE", "SELECT count(*) FROM sqlite_stat1 WHERE tbl = 'crash_plan'"],
+    "reads the plan in upper case": ['SELECT count(*) FROM main."CRASH_PLAN"'],
+    "shadows the invoices with a virtual table in temp": ["CREATE VIRTUAL TABLE temp.invoices USING fts5(job_id, invoice_id, amount, generation)"],
+    "writable schema in another case, then rewrites the crash trigger": [
+        "PRAGMA Writable_Schema = 1", "UPDATE sqlite_master SET sql = 'x' WHERE type = 'trigger'"],
+    "lists the judge's tables through a table-valued function": ["SELECT count(*) FROM pragma_table_list WHERE name = 'crash_plan'"],
+    "a statement that would run for minutes (no recursion needed)": [
+        "WITH a(x) AS (VALUES (1), (2), (3), (4), (5), (6), (7), (8), (9), (10)) "
+        "SELECT count(*) FROM a, a AS b, a AS c, a AS d, a AS e, a AS f, a AS g, a AS h, a AS i, a AS j"],
+    "a CTE named like the judge's trigger reads the plan": [
+        "WITH crash_invoices_INSERT AS (SELECT * FROM crash_plan) SELECT count(*) FROM crash_invoices_INSERT"],
+    "a gigabyte blob in the judge's memory": ["SELECT length(zeroblob(1000000000))"],
+}
+WRONG = {  # a wrong answer per task whose break a crash plan or a judge's table could hide
+    "03.1": "COMMIT in finally (what came before a crash is committed)",
+    "02.1": "no rollback when the insert fails (a crash inside)",
+    "02.2": "COMMIT in finally (the fence's raise outlives a crash)",
+}
+
+
+@pytest.fixture(scope="module")
+def scored():
+    out = {}
+    for task, label in WRONG.items():
+        name, bare = CORPUS[task]["name"], CORPUS[task]["wrong"][label][0]
+        sources = {"bare": bare}
+        sources |= {how: bare + WRAP.format(name=name, attack=sql) for how, sql in ATTACKS.items()}
+        out[task] = judged(task, name, sources)
+    return out
+
+
+@pytest.mark.parametrize("task", sorted(WRONG))
+@pytest.mark.parametrize("how", sorted(ATTACKS))
+def test_sql_on_the_judges_records_gains_nothing(scored, task, how):
+    """A wrong answer wrapped in SQL that goes for the judge's records (or its time) scores no
+    more than the bare answer, and the scorecard says what the judge refused."""
+    bare, wrapped = scored[task]["bare"], scored[task][how]
+    assert wrapped.total()[0] <= bare.total()[0], (wrapped.text(), bare.text())
+    assert bare.total()[0] > 0, bare.text()  # the bare answer runs: it is wrong, not broken
+    said = ["took too long"] if "minutes" in how else [
+        "the judge does not run that SQL", "the answer's SQL names the judge's own records"]
+    assert any(words in wrapped.text() for words in said), wrapped.text()
+
