@@ -2,6 +2,7 @@
 fresh renderer draws for the same knobs; and every slider position draws or refuses in words."""
 
 import base64
+import re
 import functools
 
 import matplotlib
@@ -113,3 +114,44 @@ def test_a_panel_made_in_presenter_mode_stays_in_it_and_a_later_one_changes_noth
     big.controls["pause"].value = 30
     with present():
         assert shown(big) == fresh_png(big)
+
+
+def drawn_or_refused(p, where: str) -> None:
+    """The panel shows a picture of its knobs, or no picture and a refusal naming its error."""
+    if p.result is not None:
+        assert p.image.outputs and shown(p)[:4] == b"\x89PNG", where
+        assert p.result.params["seed"] == p.controls["seed"].value, where
+    else:
+        assert p.image.outputs == () and re.search(r"\b\w+(Error|Argument\w*|Lost|Held)\b: ", p.verdict.value), where
+
+
+@pytest.mark.parametrize("name, call", CALLS, ids=IDS)
+def test_every_knob_at_its_ends_and_middle_and_at_random_draws_or_refuses(name, call):
+    """Each control at its ends and middle (the others where the lesson starts them), then random
+    combinations of all controls: the panel never raises, and shows a picture or a refusal."""
+    p = panel(call)
+    for control, value in p.start.items():
+        p.controls[control].value = value
+    for control in p.controls:
+        every = values(p.controls[control])
+        for value in (every[0], every[len(every) // 2], every[-1], p.start[control]):
+            p.controls[control].value = value
+            drawn_or_refused(p, f"{name}: {control}={value}")
+
+    @SETTINGS
+    @given(st.fixed_dictionaries({c: st.sampled_from(values(w)) for c, w in p.controls.items()}))
+    def combination(knobs):
+        for control, value in knobs.items():
+            p.controls[control].value = value
+        drawn_or_refused(p, f"{name}: {knobs}")
+
+    combination()
+
+
+def test_the_herd_panel_draws_a_hold_past_the_ttl():
+    """Lesson 06's herd with hold=8, ttl=3.5 (it raised TypeError): a picture, and the late
+    release is recorded as refused."""
+    p = explore(labkit.scenarios.herd, protected=False, hold=(0.0, 10.0, 0.5), ttl=(0.5, 20.0, 0.5))
+    p.controls["hold"].value, p.controls["ttl"].value = 8.0, 3.5
+    assert p.result is not None and shown(p)[:4] == b"\x89PNG"
+    assert any(e.action == "release" and e.outcome == "lost" for e in p.result.history)

@@ -9,7 +9,7 @@
 import itertools
 
 from labkit.db import execute, transaction
-from labkit.errors import BadArgument, check_number
+from labkit.errors import BadArgument, LeaseLost, check_number
 from labkit.mechanisms.timing import VersionLease, backoff
 from labkit.sim.engine import scenario
 from labkit.sim.steps import amount, with_tokens, write_each
@@ -104,8 +104,12 @@ def herd(
                 return
             if (lease := attempt(name)) is not None:
                 yield env.timeout(hold)
-                authority.release(lease)
-                sim.record(name, "release", generation=lease.generation, target=LEASE)
+                try:  # a hold past the ttl: the lease expired, and may be someone else's now
+                    authority.release(lease)
+                    outcome = "ok"
+                except LeaseLost:
+                    outcome = "lost"
+                sim.record(name, "release", outcome, generation=lease.generation, target=LEASE)
                 wake_next()
                 return
 

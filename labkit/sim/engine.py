@@ -37,7 +37,7 @@ import simpy
 import simpy.rt
 
 from labkit.db import execute, quote
-from labkit.errors import BadArgument, BadArgumentType, check_number
+from labkit.errors import BadArgument, BadArgumentType, LabkitError, check_number
 from labkit.lease import LeaseAuthority
 from labkit.sim.files import connect_file, new_folder
 from labkit.sim.history import TICK, Event, check, describe
@@ -72,6 +72,36 @@ def _generations(tables: dict) -> dict:
     return {r["invoice_id"]: r["generation"] for r in tables.get("invoices", [])}
 
 
+class _Carried(Exception):
+    """A labkit error on its way out of a simpy process. simpy copies a failure as
+    ``type(e)(*e.args)`` each time it passes it on, and a LabkitError's ``args`` are its message,
+    not its constructor's arguments (``LeaseLost(message)`` is a TypeError); this wrapper's one
+    argument is the error itself, so that every copy carries the very error raised."""
+
+
+def _carrying(generator):
+    """Run a process's ``generator``; a labkit error escaping it leaves wrapped in _Carried."""
+    try:
+        return (yield from generator)
+    except LabkitError as error:
+        raise _Carried(error) from None
+
+
+class _Carrier:
+    """An environment whose processes pass labkit errors on unchanged (see :class:`_Carried`)."""
+
+    def process(self, generator):
+        return super().process(_carrying(generator))
+
+
+class _Environment(_Carrier, simpy.Environment):
+    pass
+
+
+class _Realtime(_Carrier, simpy.rt.RealtimeEnvironment):
+    pass
+
+
 class Sim:
     """One run: simpy's ``env`` (realtime when ``factor`` is given), real SQLite files in a temp
     folder, ``rng = Random(seed)`` (the only randomness a scenario may use), the lease
@@ -87,10 +117,10 @@ class Sim:
     def __init__(self, *, seed: int = 0, factor: float | None = None, earlier_holders: int = 0):
         self.rng = Random(check_number(seed, "seed", integer=True, signed=True))
         if factor is None:
-            self.env = simpy.Environment()
+            self.env = _Environment()
         else:
             factor = check_number(factor, "factor", positive=True)
-            self.env = simpy.rt.RealtimeEnvironment(factor=factor, strict=False)
+            self.env = _Realtime(factor=factor, strict=False)
         self.clock = LocalClock(self.env)
         self.tick = TICK
         self.history: list[Event] = []
@@ -154,8 +184,12 @@ class Sim:
         return self.history[-1]
 
     def run(self, until: float | None = None) -> None:
-        """Run until nothing is scheduled (or until virtual time ``until``)."""
-        self.env.run(until=until)
+        """Run until nothing is scheduled (or until virtual time ``until``); a labkit error a
+        process raised leaves as itself, data and all."""
+        try:
+            self.env.run(until=until)
+        except _Carried as carried:
+            raise carried.args[0] from None
 
     def result(self, params: dict, wording: Callable | None = None) -> Result:
         """Read the tables, check the history, word the verdict: the frozen :class:`Result`."""

@@ -18,8 +18,8 @@ from matplotlib.figure import Figure
 from matplotlib.image import imsave
 from tabulate import tabulate
 
-from labkit.errors import BadArgument, BadArgumentType, check_number
-from labkit.sim.engine import Result, play
+from labkit.errors import BadArgument, BadArgumentType, LabkitError, check_number
+from labkit.sim.engine import POSITIVE_KNOBS, Result, play
 from labkit.sim.history import check
 from labkit.views.plot import add_artists, fill, fit_figure, frame, label_patches, point_in_data
 from labkit.views.scene import COLOURS, end_of, lanes_of, merge_lanes, scene, x_range
@@ -170,13 +170,14 @@ def _control(name: str, spec, default):
     return widgets.FloatSlider(value=value, min=low, max=high, **common)
 
 
-def _default_spec(default):
-    """A slider range for a timing or count knob with this default (None: not a number)."""
+def _default_spec(name: str, default):
+    """A slider range for a timing or count knob with this default (None: not a number); a
+    length of time that means nothing at zero starts a step above it."""
     if isinstance(default, bool) or not isinstance(default, (int, float)):
         return None
     if isinstance(default, int):
         return (max(0, min(1, default)), max(2 * default, 5), 1)
-    return (0.0, float(max(2 * default, 10.0)), 0.5)
+    return (0.5 if name in POSITIVE_KNOBS else 0.0, float(max(2 * default, 10.0)), 0.5)
 
 
 class Explorer(widgets.VBox):
@@ -211,7 +212,7 @@ class Explorer(widgets.VBox):
             for protected in (False, True):
                 try:
                     runs.append(self.scenario(protected=protected, **at_end))
-                except (BadArgument, BadArgumentType):
+                except LabkitError:  # that end is refused: it has no lanes to reserve
                     continue
         return runs
 
@@ -226,9 +227,11 @@ class Explorer(widgets.VBox):
         self.controls["protected"].description = f"protection: {'ON' if protected else 'OFF'}"
         try:
             self.result = self.scenario(protected=protected, seed=seed, **self.knobs())
-        except (BadArgument, BadArgumentType) as exc:
-            error = html.escape(str(exc))
+        except LabkitError as exc:  # a refusal in words, and no picture of other knobs
+            self.result = None
+            error = html.escape(f"{type(exc).__name__}: {exc}")
             self.verdict.value = f"<div style='color:{COLOURS['rejected']}'>{error}</div>"
+            self.image.outputs, self.tables.value = (), ""
             return None
         png = self.renderer.png(self.result)
         self.image.layout.min_height = f"{self.renderer.canvas.get_width_height()[1]}px"
@@ -261,7 +264,7 @@ def explore(scenario, *, protected: bool = True, seed: int = 0, **sliders) -> Ex
     controls, fixed = {}, {}
     for name in [*sliders, *(k for k in knobs if k not in sliders)]:  # the caller's order first
         default = knobs[name]
-        spec = sliders.get(name, _default_spec(default) if name in SLIDER_KNOBS else None)
+        spec = sliders.get(name, _default_spec(name, default) if name in SLIDER_KNOBS else None)
         if isinstance(spec, (tuple, list)):
             controls[name] = _control(name, spec, default)
         else:
