@@ -59,20 +59,10 @@ class VirtualClock:
         return f"VirtualClock(now={self._now:g})"
 
 
-#: Linux's CLOCK_BOOTTIME counts the time the machine spends suspended; elsewhere, monotonic
-_CLOCK_ID = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
-
-
 class RealClock:
-    """The machine's clock for deadlines: ``CLOCK_BOOTTIME`` on Linux, else ``CLOCK_MONOTONIC``.
-
-    Neither jumps when the wall clock is set. ``CLOCK_MONOTONIC`` (``time.monotonic()``) stops
-    while the machine is suspended, so a laptop that slept through a lease's end would wake up
-    believing it still holds it; ``CLOCK_BOOTTIME`` counts the sleep. NTP may slew either one's
-    rate (a drift bound covers that), and both restart at boot: readings compare only within one
-    machine and one boot, never across hosts or restarts.
-    """
+    """``CLOCK_BOOTTIME`` on Linux: never set back, and counting suspend (``time.monotonic()``
+    stops while the machine sleeps); NTP slews its rate, and it restarts at boot."""
 
     def now(self) -> float:
         """Return the clock's reading in seconds since boot."""
-        return time.clock_gettime(_CLOCK_ID)
+        return time.clock_gettime(getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC))

@@ -70,7 +70,7 @@ def test_real_clock_counts_suspended_time_and_the_lessons_say_why():
     if hasattr(time, "CLOCK_BOOTTIME"):
         a, b = time.clock_gettime(time.CLOCK_BOOTTIME), labkit.RealClock().now()
         assert 0 <= b - a < 1.0
-    assert "suspended" in labkit.RealClock.__doc__ and "CLOCK_BOOTTIME" in labkit.RealClock.__doc__
+    assert "suspend" in labkit.RealClock.__doc__ and "CLOCK_BOOTTIME" in labkit.RealClock.__doc__
     assert "CLOCK_MONOTONIC" in prose("notebooks", "01") and "suspended" in prose("notebooks", "01")
     five = prose("notebooks", "05")
     assert "CLOCK_BOOTTIME" in five and "slew" in five and "reboot" in five
@@ -231,3 +231,40 @@ def test_the_smaller_claims_hold():
     assert late_renewal(protected=False, margin=3.0, response_latency=3.5).violations == ()
     assert late_renewal(protected=False, margin=3.0, response_latency=4.0).violations != ()
     assert "3.5 is still safe" in prose("notebooks", "05") and "4 fails" in prose("notebooks", "05")
+
+
+# the checker tells safety from discipline --------------------------------------------------------
+def test_a_warning_is_drawn_apart_and_never_as_the_violation_ring():
+    """A's write at 30 after its lease ended at 10, nobody else: the timeline draws one grey warning
+    diamond on it, no red ring, and the title says no violation."""
+    from types import SimpleNamespace
+
+    from labkit.sim.history import Event, check, describe, warnings
+    from labkit.views.plot import timeline
+    from labkit.views.scene import COLOURS
+
+    history = (Event(0, "A", "acquire", "ok", 7, target="run", until=10),
+               Event(30, "A", "raise", "ok", 7, target="invoice-run"),
+               Event(30, "A", "write", "ok", 7, target="INV-1"))
+    run = SimpleNamespace(history=history, violations=check(history), warnings=warnings(history),
+                          verdict=describe(history, []), params={"protected": True})
+    ax = timeline(run)
+    rings = [ln for ln in ax.get_lines() if ln.get_marker() == "o" and ln.get_markerfacecolor() == "none"]
+    squares = [ln for ln in ax.get_lines() if ln.get_marker() == "D" and ln.get_markerfacecolor() == "none"
+               and ln.get_markeredgecolor() == "#777777"]
+    assert not [ln for ln in rings if ln.get_markeredgecolor() == COLOURS["crash"] and len(ln.get_xdata())]
+    assert [list(ln.get_xdata()) for ln in squares] == [[30.0]]
+    assert ax.get_title(loc="left").startswith("no violation")
+    ax.figure.clf()
+
+
+def test_the_protected_lock_wait_commits_late_without_harm_and_the_naive_rings_sit_on_the_stale_write():
+    """lock_wait protected: A's late commit is neither a violation nor a warning (it began in its lease);
+    raise_then_read naive: the lost update is pinned on A's write in B's gap, not on B."""
+    from labkit.scenarios import lock_wait, raise_then_read
+
+    held = lock_wait(protected=True, hold=30, ttl=10)
+    assert held.violations == () and held.warnings == ()
+    naive = raise_then_read(protected=False, gap=5, pause=12)
+    assert [(v.kind, v.event.worker, v.event.time) for v in naive.violations] == [("lost_update", "A", 12.0)]
+    assert naive.verdict.startswith("A's late write of INV-1")
