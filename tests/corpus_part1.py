@@ -29,7 +29,8 @@ def fenced_insert(conn, job, invoice_id, amount, generation):
         conn.execute("COMMIT")
         return True
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
 """
 FENCED_RIGHT = {
@@ -59,7 +60,10 @@ def fenced_insert(conn, job, invoice_id, amount, generation):
         return False
     return True
 ''',
-    "sqlite-utils for the insert, savepoint-free, explicit ROLLBACK in finally": _UPSERT + '''
+}
+
+FENCED_WRONG = {
+    "sqlite-utils upsert: under a full disk its probe fails and its fallback drops the row": (_UPSERT + '''
 def fenced_insert(conn, job, invoice_id, amount, generation):
     conn.execute("BEGIN IMMEDIATE")
     committed = False
@@ -70,14 +74,29 @@ def fenced_insert(conn, job, invoice_id, amount, generation):
             conn.execute("COMMIT")
             committed = True
     finally:
-        if not committed:
+        if not committed and conn.conn.in_transaction:
             conn.execute("ROLLBACK")
     return committed
-''',
-}
-
-FENCED_WRONG = {
-    'reads the invoice before raising the fence': (_UPSERT + '\ndef fenced_insert(conn, job, invoice_id, amount, generation):\n    conn.execute("BEGIN IMMEDIATE")\n    try:\n        conn.execute("SELECT amount FROM invoices WHERE job_id = ? AND invoice_id = ?", [job, invoice_id]).fetchall()\n        if not conn.execute(RAISE, {"job": job, "generation": generation}).fetchall():\n            conn.execute("ROLLBACK")\n            return False\n        conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})\n        conn.execute("COMMIT")\n        return True\n    except BaseException:\n        conn.execute("ROLLBACK")\n        raise\n', 'the fence is raised before', 'fence first'),
+''', "a crash inside the transaction leaves nothing behind",
+        ("newer", "equal", "all or nothing", "propagates")),
+    "on an error, keeps the fence raised (commits the raise alone), then re-raises": (_UPSERT + '''
+def fenced_insert(conn, job, invoice_id, amount, generation):
+    params = {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation}
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if not conn.execute(RAISE, params).fetchall():
+            conn.execute("ROLLBACK")
+            return False
+        conn.execute(UPSERT, params)
+        conn.execute("COMMIT")
+        return True
+    except BaseException:
+        if conn.conn.in_transaction:
+            conn.execute("ROLLBACK")
+        conn.execute(RAISE, params).fetchall()     # "we got the fence: keep it"
+        raise
+''', "leaves nothing behind", "all or nothing"),
+    'reads the invoice before raising the fence': (_UPSERT + '\ndef fenced_insert(conn, job, invoice_id, amount, generation):\n    conn.execute("BEGIN IMMEDIATE")\n    try:\n        conn.execute("SELECT amount FROM invoices WHERE job_id = ? AND invoice_id = ?", [job, invoice_id]).fetchall()\n        if not conn.execute(RAISE, {"job": job, "generation": generation}).fetchall():\n            conn.execute("ROLLBACK")\n            return False\n        conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})\n        conn.execute("COMMIT")\n        return True\n    except BaseException:\n        if conn.conn.in_transaction:\n            conn.execute("ROLLBACK")\n        raise\n', 'the fence is raised before', 'fence first'),
     "check-then-act: read, compare in Python, write unconditionally": (_UPSERT + '''
 def fenced_insert(conn, job, invoice_id, amount, generation):
     (current,) = conn.execute("SELECT generation FROM job_fence WHERE job_id = ?", [job]).fetchone()
@@ -88,21 +107,11 @@ def fenced_insert(conn, job, invoice_id, amount, generation):
     conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
     conn.execute("COMMIT")
     return True
-''', "writes nothing when the fence is at", ("stale", "ends")),
+''', "writes nothing when the fence is at", "stale"),
     "missing rollback when no row comes back": (_UPSERT + '''
 def fenced_insert(conn, job, invoice_id, amount, generation):
     conn.execute("BEGIN IMMEDIATE")
     if not conn.execute(RAISE, {"job": job, "generation": generation}).fetchall():
-        return False
-    conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
-    conn.execute("COMMIT")
-    return True
-''', "ends its transaction", "ends"),
-    "no rollback when the insert fails (a crash inside)": (_UPSERT + '''
-def fenced_insert(conn, job, invoice_id, amount, generation):
-    conn.execute("BEGIN IMMEDIATE")
-    if not conn.execute(RAISE, {"job": job, "generation": generation}).fetchall():
-        conn.execute("ROLLBACK")
         return False
     conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
     conn.execute("COMMIT")
@@ -119,7 +128,8 @@ def fenced_insert(conn, job, invoice_id, amount, generation):
         conn.execute("COMMIT")
         return True
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
 ''', "the fence is raised before", ("fence first", "stale")),
     "no transaction: two autocommit statements": (_UPSERT + '''
@@ -148,22 +158,10 @@ def fenced_insert(conn, job, invoice_id, amount, generation):
         conn.execute("COMMIT")
         return True
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
 """, "ends its transaction", "ends"),
-    "COMMIT in finally (what came before a crash is committed)": (_UPSERT + """
-def fenced_insert(conn, job, invoice_id, amount, generation):
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        if not conn.execute(RAISE, {"job": job, "generation": generation}).fetchall():
-            conn.execute("ROLLBACK")
-            return False
-        conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
-        return True
-    finally:
-        if conn.conn.in_transaction:
-            conn.execute("COMMIT")
-""", "leaves nothing behind", "all or nothing"),
     "errors swallowed: ROLLBACK, then return False": (_UPSERT + """
 def fenced_insert(conn, job, invoice_id, amount, generation):
     conn.execute("BEGIN IMMEDIATE")
@@ -191,7 +189,8 @@ def fenced_insert(conn, job, invoice_id, amount, generation):
         conn.execute("COMMIT")
         return True
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
 """, "is refused", "stale"),
     "a constant: always True": ('''
@@ -251,7 +250,8 @@ def charge_once(conn, job, key, invoice_id, amount, generation):
         conn.execute('COMMIT')
         return charge_id
     except BaseException:
-        conn.execute('ROLLBACK')
+        if conn.conn.in_transaction:
+            conn.execute('ROLLBACK')
         raise
 """
 ONCE_WRONG = {
@@ -342,12 +342,12 @@ def charge_once(conn, job, key, invoice_id, amount, generation):
         refused="return None"), "ends its transaction", "ends"),
     "COMMIT in finally (the fence's raise outlives a crash)": (_CHARGE + _ONCE.format(
         refused="conn.execute('ROLLBACK')\n            return None").replace(
-        "    except BaseException:\n        conn.execute('ROLLBACK')\n        raise",
+        "    except BaseException:\n        if conn.conn.in_transaction:\n            conn.execute('ROLLBACK')\n        raise",
         "    finally:\n        if conn.conn.in_transaction:\n            conn.execute('COMMIT')"),
         "a crash leaves no charge", ("rolls back", "first")),
     "errors swallowed: ROLLBACK, then return None": (_CHARGE + _ONCE.format(
         refused="conn.execute('ROLLBACK')\n            return None").replace(
-        "    except BaseException:\n        conn.execute('ROLLBACK')\n        raise",
+        "    except BaseException:\n        if conn.conn.in_transaction:\n            conn.execute('ROLLBACK')\n        raise",
         "    except Exception:\n        conn.execute('ROLLBACK')\n        return None"),
         "propagates", "propagates"),
 }
@@ -380,7 +380,8 @@ def record_batch(conn, job, generation, invoices):
         raw.execute("ROLLBACK")
         return False
     except Exception:
-        raw.execute("ROLLBACK")
+        if raw.in_transaction:
+            raw.execute("ROLLBACK")
         raise
 ''',
 }
@@ -398,12 +399,12 @@ def record_batch(conn, job, generation, invoices):
         conn.execute("COMMIT")
         return True
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
 """
 BATCH_WRONG = {
-    'COMMIT in finally (what came before a crash is committed)': (_UPSERT + '\ndef record_batch(conn, job, generation, invoices):\n    conn.execute("BEGIN IMMEDIATE")\n    try:\n        if not conn.execute(RAISE, {"job": job, "generation": generation}).fetchall():\n            conn.execute("ROLLBACK")\n            return False\n        for invoice_id, amount in invoices.items():\n            conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})\n        return True\n    finally:\n        if conn.conn.in_transaction:\n            conn.execute("COMMIT")\n', 'leaves nothing behind', 'all or nothing'),
-    "reads the batch's invoices before raising the fence": (_UPSERT + '\ndef record_batch(conn, job, generation, invoices):\n    conn.execute("BEGIN IMMEDIATE")\n    try:\n        for invoice_id in invoices:\n            conn.execute("SELECT amount FROM invoices WHERE job_id = ? AND invoice_id = ?", [job, invoice_id]).fetchall()\n        if not conn.execute(RAISE, {"job": job, "generation": generation}).fetchall():\n            conn.execute("ROLLBACK")\n            return False\n        for invoice_id, amount in invoices.items():\n            conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})\n        conn.execute("COMMIT")\n        return True\n    except BaseException:\n        conn.execute("ROLLBACK")\n        raise\n', 'the fence is raised before', 'fence first'),
+    "reads the batch's invoices before raising the fence": (_UPSERT + '\ndef record_batch(conn, job, generation, invoices):\n    conn.execute("BEGIN IMMEDIATE")\n    try:\n        for invoice_id in invoices:\n            conn.execute("SELECT amount FROM invoices WHERE job_id = ? AND invoice_id = ?", [job, invoice_id]).fetchall()\n        if not conn.execute(RAISE, {"job": job, "generation": generation}).fetchall():\n            conn.execute("ROLLBACK")\n            return False\n        for invoice_id, amount in invoices.items():\n            conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})\n        conn.execute("COMMIT")\n        return True\n    except BaseException:\n        if conn.conn.in_transaction:\n            conn.execute("ROLLBACK")\n        raise\n', 'the fence is raised before', 'fence first'),
     "the given check-then-act worker, unchanged": (_UPSERT + '''
 def record_batch(conn, job, generation, invoices):
     (current,) = conn.execute("SELECT generation FROM job_fence WHERE job_id = ?", [job]).fetchone()
@@ -415,7 +416,7 @@ def record_batch(conn, job, generation, invoices):
         conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
     conn.execute("COMMIT")
     return True
-''', "writes nothing when the fence is at", ("stale", "ends")),
+''', "writes nothing when the fence is at", "stale"),
     "one fenced transaction per invoice (not all or nothing)": (_UPSERT + '''
 import labkit
 def record_batch(conn, job, generation, invoices):
@@ -436,7 +437,7 @@ def record_batch(conn, job, generation, invoices):
         conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
     conn.execute("COMMIT")
     return True
-''', "is refused", ("stale", "ends")),
+''', "is refused", "stale"),
     "the check moved inside the transaction but the row count still ignored, and no rollback": (_UPSERT + '''
 def record_batch(conn, job, generation, invoices):
     conn.execute("BEGIN IMMEDIATE")
@@ -470,7 +471,8 @@ def record_batch(conn, job, generation, invoices):
         conn.execute("COMMIT")
         return True
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
 """, "the fence is raised before", ("fence first", "stale")),
     "no ROLLBACK when the fence refuses (only the error path has one)": (_UPSERT + """
@@ -485,7 +487,8 @@ def record_batch(conn, job, generation, invoices):
         conn.execute("COMMIT")
         return True
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
 """, "ends its transaction", "ends"),
     "errors swallowed: ROLLBACK, then return False": (_UPSERT + """
@@ -518,7 +521,8 @@ def record_batch(conn, job, generation, invoices):
         conn.execute("COMMIT")
         return True
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
 """, "is refused", "stale"),
 }
@@ -809,7 +813,8 @@ def cleanup(conn, now):
                             {"now": now}).fetchall()
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
     return len(gone)
 ''',
@@ -851,7 +856,7 @@ def cleanup(conn, now):
     with transaction(conn):
         return rowcount(conn, "DELETE FROM leases WHERE expires_at < ? + ttl", (now,))
 ''', "never deletes a lease that is unexpired at now", "live kept"),
-    "read, then delete by name and owner (a renewal lands in between)": (_CLEAN + '''
+    "read, then delete by name and owner (a re-acquire lands in between)": (_CLEAN + '''
 def cleanup(conn, now):
     expired = execute(conn, "SELECT name, owner FROM leases WHERE expires_at <= ?", (now,))
     with transaction(conn):

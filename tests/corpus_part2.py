@@ -596,7 +596,7 @@ def relay(db, mail):
         e = json.loads(payload)
         d = mail.send(e["to"], e["subject"], e["body"])
         execute(db, "UPDATE outbox SET state = 'sent', provider_id = ? WHERE key = ?", (d.id, key))
-''', "delivered exactly once", "never twice"),
+''', "reaches the provider once", "never twice"),
     "marks sent before sending": ('''
 import json
 from labkit.db import execute
@@ -616,7 +616,7 @@ def relay(db, mail):
         e = json.loads(payload)
         mail.send(e["to"], e["subject"], e["body"])
         execute(db, "UPDATE outbox SET state = 'sent' WHERE key = ?", (key,))
-''', "delivered exactly once", "never twice"),
+''', "reaches the provider once", "never twice"),
     "a fresh key per attempt": ('''
 import json, uuid
 from labkit.db import execute
@@ -626,7 +626,7 @@ def relay(db, mail):
         e = json.loads(payload)
         mail.send(e["to"], e["subject"], e["body"], idempotency_key=str(uuid.uuid4()))
         execute(db, "UPDATE outbox SET state = 'sent' WHERE key = ?", (key,))
-''', "delivered exactly once", "never twice"),
+''', "reaches the provider once", "never twice"),
     "never marks the rows sent": ('''
 import json
 from labkit.db import execute

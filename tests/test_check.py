@@ -6,7 +6,7 @@ import pytest
 
 from labkit import BadArgument, BadArgumentType, LeaseAuthority
 from labkit.db import execute, transaction
-from labkit.sim.history import VIOLATION_KINDS, Event, Violation, check
+from labkit.sim.history import VIOLATION_KINDS, Event, TimingWarning, Violation, check, warnings
 from labkit.scenarios import SCENARIOS
 from labkit.sim import LEASE, Sim
 
@@ -44,11 +44,10 @@ BAD = {
         E(1, "B", "write", "ok", 8, key="bill/42", target="INV-2"),
         E(5, "B", "write", "ok", 8, key="bill/42", target="INV-3"),
     ],
-    "acted_after_expiry": [  # B had started (read) before A's late write; no B write to collide with
-        E(0, "A", "acquire", "ok", 7, target=LEASE, until=10),
-        E(10, "B", "acquire", "ok", 8, target=LEASE, until=20),
-        E(11, "B", "read", "ok", target="INV-1"),
-        E(12, "A", "write", "ok", 7, target="INV-9"),
+    "interleaved": [  # a failover handed 7 to both: A, then B, then A again, each its own invoice
+        E(0, "A", "write", "ok", 7, target="INV-1"),
+        E(1, "B", "write", "ok", 7, target="INV-2"),
+        E(2, "A", "write", "ok", 7, target="INV-3"),
     ],
     "foreign_release": [
         E(0, "A", "acquire", "ok", 7, target=LEASE, until=10),
@@ -131,9 +130,10 @@ def test_a_commit_the_successor_waited_for_is_not_acted_after_expiry():
         E(30, "B", "write", "ok", 8, target="INV-1"),
         E(31, "A", "write", "rejected", 7, target="INV-2"),
     ]
-    assert check(history) == []
+    assert check(history) == [] and warnings(history) == []
     late = [dataclasses.replace(e, began=None) for e in history]
-    assert [(v.kind, v.event.time, v.event.worker) for v in check(late)] == [
+    assert check(late) == []  # nothing newer had committed: no harm, only a lapse of discipline
+    assert [(w.kind, w.event.time, w.event.worker) for w in warnings(late)] == [
         ("acted_after_expiry", 30, "A")]
 
 
@@ -143,15 +143,44 @@ def test_acting_after_ones_own_lease_ended_is_flagged_even_with_no_successor():
     history = [E(10, "B", "acquire", "ok", 8, target=LEASE, until=20),
                E(32, "B", "write", "ok", 8, target="INV-1"),
                E(33, "B", "write", "ok", 8, target="INV-2")]
-    assert [(v.kind, v.event.time) for v in check(history)] == [
+    assert check(history) == []
+    assert [(w.kind, w.event.time) for w in warnings(history)] == [
         ("acted_after_expiry", 32), ("acted_after_expiry", 33)]
     renewed = history[:1] + [E(19, "B", "renew", "ok", 8, target=LEASE, until=40)] + history[1:]
     again = history[:1] + [E(31, "B", "acquire", "ok", 9, target=LEASE, until=41)] + history[1:]
     at_expiry = history[:1] + [E(20, "B", "write", "ok", 8, target="INV-1")]
-    assert check(renewed) == check(again) == check(at_expiry) == []
+    assert warnings(renewed) == warnings(again) == warnings(at_expiry) == []
     released = history[:1] + [E(15, "B", "release", "ok", 8, target=LEASE), history[1]]
-    assert [v.message for v in check(released)] == [
+    assert [w.message for w in warnings(released)] == [
         "B committed a write at t=32, after its lease was released at t=15"]
+
+
+def test_a_write_after_ones_lease_with_no_successor_is_one_warning_and_no_violation():
+    """A's lease ends at 10 and nobody takes over; A writes at 30: the data shows no harm (no
+    violation), and the lapse of timing discipline is one warning, drawn apart in the verdict."""
+    from labkit.sim.history import describe
+
+    history = [E(0, "A", "acquire", "ok", 7, target=LEASE, until=10),
+               E(1, "A", "read", "ok", target="INV-1"),
+               E(30, "A", "raise", "ok", 7, target="invoice-run"),
+               E(30, "A", "write", "ok", 7, target="INV-1")]
+    assert check(history) == [] and check(history, final={"INV-1": 7}) == []
+    (warning,) = warnings(history)
+    assert isinstance(warning, TimingWarning) and warning.kind == "acted_after_expiry"
+    assert warning.event == history[-1]
+    assert describe(history, []).startswith("no violation") and "1 warning" in describe(history, [])
+
+
+def test_the_unseen_overwrite_is_pinned_on_the_stale_write_in_the_gap():
+    """B (the rightful holder) read INV-1, A wrote it after its own lease had ended, B wrote from its
+    read: the lost update names A's late write, not B's."""
+    history = [E(0, "A", "acquire", "ok", 7, target=LEASE, until=10),
+               E(10, "B", "acquire", "ok", 8, target=LEASE, until=20),
+               E(10, "B", "read", "ok", target="INV-1"),
+               E(12, "A", "write", "ok", 7, target="INV-1"),
+               E(15, "B", "write", "ok", 8, target="INV-1")]
+    (v,) = check(history)
+    assert v.kind == "lost_update" and v.event == history[3] and "landed between B's read" in v.message
 
 
 def test_naive_release_by_name_is_flagged():

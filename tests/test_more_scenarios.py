@@ -50,6 +50,11 @@ def test_same_seed_same_run(name):
         assert (a.history, a.tables, a.verdict) == (b.history, b.tables, b.verdict)
 
 
+def warned(run) -> set:
+    """The kinds of a run's warnings (timing discipline, never a violation)."""
+    return {w.kind for w in run.warnings}
+
+
 def test_issuer_failover_fails_exactly_when_the_failover_beats_replication():
     """Unprotected, the token 7 is handed out twice iff the failover comes before 7 reached the replica;
     then A's late write passes the fence beside B's. With a new epoch it never does."""
@@ -57,7 +62,7 @@ def test_issuer_failover_fails_exactly_when_the_failover_beats_replication():
         lost = knobs["lag"] > knobs["failover_at"]
         assert bool(naive.violations) == lost, knobs
         if lost:
-            assert naive.kinds == {"acted_after_expiry", "lost_update"}
+            assert naive.kinds == {"lost_update"} and warned(naive) == {"acted_after_expiry"}
             assert ("B", "ok", 7, "invoice-run") in outcomes(naive, "acquire")
             assert naive.verdict.startswith("token 7 went to A and B")
         assert safe.violations == (), knobs
@@ -70,19 +75,20 @@ def test_issuer_failover_fails_exactly_when_the_failover_beats_replication():
 
 def test_backup_restore_is_safe_only_with_an_epoch_or_a_big_enough_constant():
     """After the restore, B's token is 7 + bump against A's 6 + n: equal -> A's late write lands
-    (violations); lower -> B is locked out and A's late write lands anyway (acted after its lease
-    expired); higher (bump >= n, bump_is_safe) -> A bounces.
+    (violations); lower -> B is locked out and A's late write lands anyway, over nothing newer (a
+    warning: acted after its lease expired); higher (bump >= n, bump_is_safe) -> A bounces.
     Protected, the new epoch always orders B above A."""
     for knobs, naive, safe in sweep(ms.backup_restore, issued_after_backup=[1, 2, 3], bump=[0, 1, 2, 1000]):
         n, bump = knobs["issued_after_backup"], knobs["bump"]
         locked_out = [e for e in naive.history if e.action == "raise" and e.outcome == "rejected"]
-        assert bool(naive.violations) == (bump <= n - 1), knobs
+        assert bool(naive.violations) == (bump == n - 1), knobs
         assert bool(locked_out) == (bump < n - 1), knobs
         assert bump_is_safe(6, bump, 6 + n) == (not naive.violations and not locked_out), knobs
+        assert bump_is_safe(6, bump, 6 + n) == (not naive.warnings), knobs
         if bump == n - 1:
-            assert naive.kinds == {"acted_after_expiry", "lost_update"}
+            assert naive.kinds == {"lost_update"} and warned(naive) == {"acted_after_expiry"}
         elif locked_out:
-            assert naive.kinds == {"acted_after_expiry"}
+            assert naive.kinds == set() and warned(naive) == {"acted_after_expiry"}
         assert safe.violations == (), knobs
         assert ("A", "rejected", 6 + n, "INV-2") in outcomes(safe)
         assert not [e for e in safe.history if e.action == "raise" and e.outcome == "rejected"]
@@ -100,14 +106,14 @@ def test_late_renewal_counting_from_arrival_acts_after_expiry():
         assert not [e for e in safe.history if e.outcome == "rejected"], knobs   # it stopped in time
         if naive.violations:
             failed += 1
-            assert naive.kinds <= {"acted_after_expiry", "lost_update", "stale_accepted"}, knobs
+            assert naive.kinds <= {"lost_update", "stale_accepted"}, knobs
             if knobs["offset"] == 0.0:
-                assert "acted_after_expiry" in naive.kinds, knobs
+                assert "acted_after_expiry" in warned(naive), knobs
         if knobs["offset"] or knobs["response_latency"] or knobs["drift"]:
             assert naive.violations, knobs
     assert failed >= len(runs) // 2
     default = ms.late_renewal(protected=False)
-    assert default.kinds == {"acted_after_expiry", "lost_update", "stale_accepted"}
+    assert default.kinds == {"lost_update", "stale_accepted"} and warned(default) == {"acted_after_expiry"}
     exact = ms.late_renewal(protected=False, request_latency=0.0, response_latency=0.0)
     assert exact.violations == ()          # no latency, no drift, no offset: the naive count is exact
 
@@ -239,7 +245,7 @@ def test_email_transfer_stale_email_goes_out_unless_it_goes_through_the_outbox()
         assert emails(safe).count(("relay", "duplicate")) == knobs["relay_crashes"] and \
             emails(safe).count(("relay", "ok")) == 1
     naive, safe = ms.email_transfer(protected=False), ms.email_transfer()
-    assert naive.kinds == {"duplicate_effect", "acted_after_expiry"}
+    assert naive.kinds == {"duplicate_effect"} and warned(naive) == {"acted_after_expiry"}
     assert emails(naive) == [("B", "ok"), ("A", "ok")]
     assert ("A", "rejected", 7, "report.txt") in outcomes(naive)
     assert ("A", "rejected") in emails(safe)

@@ -18,7 +18,8 @@ from labkit.views.widgets import TimelineRenderer, explore, replay  # noqa: E402
 
 LEGEND = ["lease held", "lease expires (authority)", "paused", "waiting for the lock", "read",
           "lease refused (held)", "write accepted", "write replaced later", "write rejected (stale)",
-          "repeat stopped by key", "crash", "answer lost", "violation", "fence token"]
+          "repeat stopped by key", "crash", "answer lost", "violation (harm in the data)",
+          "warning (acted after its lease)", "fence token"]
 
 
 @pytest.fixture(autouse=True)

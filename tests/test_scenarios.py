@@ -17,7 +17,7 @@ SWEEPS = {
     "check_then_act": ({"gap": [0, 1, 2, 3, 5, 8, 15], "ttl": [5, 10]},
                        {"stale_accepted", "lost_update"}),
     "split_databases": ({"pause": [0, 5, 9, 10, 12, 30], "ttl": [5, 10]},
-                        {"stale_accepted", "lost_update", "acted_after_expiry"}),
+                        {"stale_accepted", "lost_update"}),
     "bypass_writer": ({"pause": [0, 5, 10, 12, 30], "ttl": [10, 30]},
                       {"lost_update"}),
     "lock_wait": ({"hold": [0, 5, 7, 10, 20, 30], "ttl": [5, 10]},

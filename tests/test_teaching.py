@@ -12,7 +12,7 @@ import pytest
 import labkit
 from labkit.mechanisms.issuers import EpochAuthority, EpochIssuer, backup, cleanup_expired, restore
 from labkit.scenarios import SCENARIOS, late_renewal, lock_wait
-from labkit.sim.history import EFFECTS, Event, check
+from labkit.sim.history import EFFECTS, Event, check, warnings
 from labkit.views.widgets import SLIDER_KNOBS, _default_spec
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -81,17 +81,18 @@ def test_no_protected_worker_commits_after_its_own_lease_ended():
     for name, knobs in POINTS:
         run = SCENARIOS[name](protected=True, **knobs)
         assert late_effects(run.history) == [], (name, knobs)
-        assert run.violations == (), (name, knobs, run.verdict)
+        assert run.violations == () and run.warnings == (), (name, knobs, run.verdict)
 
 
 def test_the_checker_flags_exactly_the_late_effects_of_naive_runs():
-    """Unprotected, the checker's acted_after_expiry events are exactly the late effects read off the
-    history, and somewhere in the sliders' ranges there are some."""
+    """Unprotected, the checker's acted_after_expiry warnings are exactly the late effects read off the
+    history, never a violation, and somewhere in the sliders' ranges there are some."""
     flagged_somewhere = False
     for name, knobs in POINTS[::2]:
         run = SCENARIOS[name](protected=False, **knobs)
         late = late_effects(run.history)
-        assert [v.event for v in run.violations if v.kind == "acted_after_expiry"] == late, (name, knobs)
+        assert [w.event for w in run.warnings if w.kind == "acted_after_expiry"] == late, (name, knobs)
+        assert "acted_after_expiry" not in run.kinds
         flagged_somewhere |= bool(late)
     assert flagged_somewhere
 
@@ -101,7 +102,7 @@ def test_a_naive_lock_wait_b_writes_after_its_lease_and_is_flagged():
     run = lock_wait(protected=False, hold=30, ttl=10)
     late = [(e.worker, e.time) for e in late_effects(run.history)]
     assert ("B", 32.0) in late and ("B", 33.0) in late
-    flagged = [(v.event.worker, v.event.time) for v in run.violations if v.kind == "acted_after_expiry"]
+    flagged = [(w.event.worker, w.event.time) for w in run.warnings if w.kind == "acted_after_expiry"]
     assert flagged == late
 
 
@@ -109,8 +110,8 @@ def test_a_hand_built_late_write_is_flagged_and_one_begun_in_time_is_not():
     """B's lease ends at 20: a write begun at 32 is flagged; one begun at 15 and committed at 32 is not."""
     grant = Event(10, "B", "acquire", "ok", 8, target="invoice-run", until=20)
     late = Event(32, "B", "write", "ok", 8, target="INV-1")
-    assert [v.kind for v in check([grant, late])] == ["acted_after_expiry"]
-    assert check([grant, dataclasses.replace(late, began=15)]) == []
+    assert [w.kind for w in warnings([grant, late])] == ["acted_after_expiry"] and check([grant, late]) == []
+    assert warnings([grant, dataclasses.replace(late, began=15)]) == []
 
 
 def test_lock_wait_b_renews_after_the_wait_and_stops_if_refused():

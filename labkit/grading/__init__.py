@@ -271,7 +271,7 @@ def replayed(task_id: str, answer: Any, *, seed: int):
     """Re-run the schedule ``seed`` of ``task_id`` in this process: the run as a Result (its
     history is what the trial saw the answer do, up to where a property broke)."""
     from labkit.sim.engine import Result
-    from labkit.sim.history import check as find
+    from labkit.sim.history import check as find, warnings
 
     t = _task(task_id)
     seeds = [s.seed for s in t.schedules]
@@ -288,9 +288,8 @@ def replayed(task_id: str, answer: Any, *, seed: int):
     verdict = f"task {task_id}: broken: {shown} (seed {seed})" if words else (
         f"task {task_id}: every property held (seed {seed})")  # fmt: skip
     params, found = dict(schedule.knobs, seed=seed), tuple(find(history))
-    return Result(
-        params=params, history=tuple(history), tables={}, violations=found, verdict=verdict
-    )
+    warned = tuple(warnings(history))
+    return Result(params, tuple(history), {}, found, verdict, warned)
 
 
 def replay(task_id: str, answer: Any, *, seed: int, ax=None):

@@ -8,9 +8,11 @@
 
 from __future__ import annotations
 
+import contextlib
 from random import Random
 import re
 
+from labkit.grading.diskfull import disk_full, is_full, long_id, short
 from labkit.grading.lab import busy, call, shown
 from labkit.grading.writers import FENCED_HOSTILE, JOB, OTHER, fenced_trial, generation_of, lab
 from labkit.grading.writers import ENDS, locked_out
@@ -29,8 +31,8 @@ FENCED = {
     "ends": "every call ends its transaction with COMMIT or ROLLBACK",
     "all or nothing": "the fence's raise and the invoice commit together: no one sees one "
     "without the other, and a crash leaves neither",
-    "propagates": "an error (a crash, 'database is locked') reaches the caller after the "
-    "ROLLBACK, and is not returned as False",
+    "propagates": "an error (a full disk, 'database is locked') reaches the caller as raised, "
+    "not replaced by a failed ROLLBACK, and is not returned as False",
 }
 
 
@@ -52,13 +54,15 @@ ONCE = {
     "the id of the key's first charge",
     "ends": "every call ends its transaction with COMMIT or ROLLBACK",
     "rolls back": "a crash leaves no charge, no key and the fence where it was, so the retry charges",
-    "propagates": "an error (a crash, 'database is locked') reaches the caller after the "
-    "ROLLBACK, and is not returned as None",
+    "propagates": "an error (a full disk, 'database is locked') reaches the caller as raised, "
+    "not replaced by a failed ROLLBACK, and is not returned as None",
 }
 _RULES = {
     "stale": "a charge with generation {gen} below the fence ({fence}) is refused: it returns None, "
     "charges nothing and records no key (the fence decides first, even for a key already used)",
-    "propagates": "the crash's error propagates: None would say the fence refused it",
+    "propagates": "SQLite's 'database or disk is full' propagates as it was raised (if SQLite "
+    "already rolled back, a second ROLLBACK fails and replaces it: roll back only if "
+    "labkit.db.in_transaction(conn)); None would say the fence refused it",
     "raises": "an accepted call raises the fence of its job to its generation (and no other)",
     "nothing": "a repeat of key {key!r} charges nothing: only the first call takes effect",
     "same id": "a repeat returns the id of the key's first charge",
@@ -94,7 +98,8 @@ class _Charger:
     def log(self, who, req, outcome, action: str = "charge", until=None) -> None:
         self.t += 1.0
         gen, key, invoice = (req[4], req[1], req[2]) if req else (None, None, None)
-        event = Event(self.t, who, action, outcome, gen, key=key, target=invoice, until=until)
+        target = invoice and short(invoice)
+        event = Event(self.t, who, action, outcome, gen, key=key, target=target, until=until)
         self.history.append(event)
 
     def step(self, who: str, req: tuple, before, ran, after, crashed: bool = False) -> None:
@@ -113,7 +118,9 @@ class _Charger:
         seen = f"{what}; charges added {new}, fence {dict(after[0])[job]}"
         if crashed:
             checks = [(after == before, ONCE["rolls back"], seen, "rolls back")]
-            checks += [(out[0] == "raised", rule["propagates"], what, "propagates")]
+            checks += [
+                (out[0] == "raised" and is_full(out[1]), rule["propagates"], what, "propagates")
+            ]
         elif gen < fence:
             checks = [(after == before and out == ("returned", None), rule["stale"], seen, "stale")]
         else:
@@ -139,13 +146,14 @@ class _Charger:
 
     def solo(self, who: str, req: tuple, crash: bool = False) -> None:
         before = _charges(self.db)
-        execute(self.db, "INSERT INTO crash_plan SELECT ? WHERE ?", (req[2], crash))
-        ran = self.call(who, req)
+        if crash:  # the disk is full when the charge is written: its invoice id needs new pages
+            req = (*req[:2], long_id(self.db, req[2]), *req[3:])
+        with disk_full(*self.conns[who]) if crash else contextlib.nullcontext():
+            ran = self.call(who, req)
         (_, sql, _), after = ran, _charges(self.db)
         wrote = any(_INTO.match(s) for s in sql)  # a crash needs a write: raising is not one
         crashed = crash and wrote and req[4] >= dict(before[0])[req[0]] and req[1] not in self.done
         self.step(who, req, before, ran, after, crashed=crashed)
-        execute(self.db, "DELETE FROM crash_plan")  # after the judge: it may hold the lock
 
     def race(self, req: tuple, at: int) -> None:
         """A sends ``req``; the runner's repeat (same request, B's connection) comes before A's ``at``-th statement."""

@@ -22,8 +22,8 @@ BATCH = {
     "ends": "every call ends its transaction with COMMIT or ROLLBACK",
     "all or nothing": "the batch is all or nothing: others see all of it and the fence's "
     "raise at its COMMIT, and a crash on any invoice leaves none of them",
-    "propagates": "an error (a crash, 'database is locked') reaches the caller after the "
-    "ROLLBACK, and is not returned as False",
+    "propagates": "an error (a full disk, 'database is locked') reaches the caller as raised, "
+    "not replaced by a failed ROLLBACK, and is not returned as False",
 }
 
 

@@ -150,26 +150,27 @@ def _row(store, name: str):
 _KINDS = {  # kind: (its lease in words, its expiry drawn for now)
     "expired": ("expired a while ago", lambda rng, now: now - rng.choice([1, 5, 30, 90])),
     "boundary": ("expires exactly at now", lambda rng, now: now),
-    "late": ("expired a quarter second ago", lambda rng, now: now - 0.25),  # live 0.5 s earlier
+    "late": ("expired a quarter second ago", lambda rng, now: now - 0.25),
     "edge": ("expires a quarter second after now", lambda rng, now: now + 0.25),
     "live": ("unexpired", lambda rng, now: now + rng.choice([1, 5, 30, 60])),
     "released": ("released", None),  # a counter without a lease row
 }
 
 
-_TARGETS = {"renew": ("late",), "reacquire": ("expired", "boundary", "late")}  # whose holder acts
+# whose holder acts: a renewal needs a live lease (the authority's clock reads now, as the cleanup's)
+_TARGETS = {"renew": ("edge", "live"), "reacquire": ("expired", "boundary", "late")}
 
 
 def _cleanup_knobs(rng: Random) -> dict:
     kinds = [rng.choice(list(_KINDS)) for _ in range(rng.randint(2, 6))]
     race = rng.choice([None, "renew", "renew", "reacquire", "reacquire"])
     if race and not set(_TARGETS[race]) & set(kinds):
-        kinds.append("late")
+        kinds.append(_TARGETS[race][-1])
     at, earlier = rng.randint(1, 5), rng.randint(2, 6)
     return {"kinds": " ".join(kinds), "race": race, "at": at, "earlier": earlier}
 
 
-_RENEWS = "the holder renews (the authority's clock reads 0.5 s behind) just before the cleanup's"
+_RENEWS = "a holder renews its unexpired lease just before the cleanup's"
 CLEANUP_HOSTILE = hostile(
     "kinds earlier race at",
     ("the lesson's story: eight holders came and went, the last lease expired", "expired live", 7),
@@ -177,7 +178,7 @@ CLEANUP_HOSTILE = hostile(
     ("nothing has expired: only unexpired leases of several names", "live edge live", 2),
     ("released leases (counters without a lease row) next to an expired one",
      "released expired released", 4),
-    *((f"{_RENEWS} statement {n}", "late live expired", 2, "renew", n) for n in (1, 2, 3, 4)),
+    *((f"{_RENEWS} statement {n}", "edge late expired", 2, "renew", n) for n in (1, 2, 3, 4)),
     *((f"the expired holder acquires again just before the cleanup's statement {n}",
        "boundary live expired", 3, "reacquire", n) for n in (1, 2, 3)),
 )  # fmt: skip
@@ -242,13 +243,14 @@ def cleanup_check(answer, schedule: Schedule, history: list) -> None:
         before, seen, counters = _lease_rows(other), {}, _counters(other)
 
         def holder(when: float) -> bool:
-            """The target's holder renews (authority 0.5 s behind) or acquires again; drawn at ``when``."""
+            """The target's holder renews or acquires again at ``when`` on the authority's clock,
+            the clock the cleanup's ``now`` is read from: one clock judges expiry."""
             pre, renew = _lease_rows(other), k.get("race") == "renew"
             try:
                 if renew:
-                    new = LeaseAuthority(other, VirtualClock(now - 0.5)).renew(target)
+                    new = LeaseAuthority(other, VirtualClock(when)).renew(target)
                 else:
-                    again = LeaseAuthority(other, VirtualClock(now))
+                    again = LeaseAuthority(other, VirtualClock(when))
                     new = again.acquire(target.name, target.owner, target.ttl)
                     highest[new.name] = new.generation
             except Busy:

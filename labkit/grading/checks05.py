@@ -13,7 +13,7 @@ from random import Random
 from labkit.grading.lab import lease_event, scratch
 from labkit.clock import VirtualClock
 from labkit.grading import NUMBER, Schedule, expect, hostile, task
-from labkit.sim.history import Event, check as violations
+from labkit.sim.history import Event, check as violations, warnings
 from labkit.lease import LeaseAuthority
 
 
@@ -339,9 +339,8 @@ def holder_check(answer, schedule: Schedule, history: list) -> None:
                 f"t={deadline:.6g}, after {world.done} of {k['units']} units and no failed renewal",
                 prop="ends",
             )
-        late = [
-            v for v in violations(history) if v.kind in ("acted_after_expiry", "stale_accepted")
-        ]
+        found = [*violations(history), *warnings(history)]  # the task's rule: discipline too
+        late = [v for v in found if v.kind in ("acted_after_expiry", "stale_accepted")]
         if world.done:
             expect(not late, "the holder never acts after its lease has passed to B",
                    late[0].message if late else "", prop="deadline")  # fmt: skip

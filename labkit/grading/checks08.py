@@ -128,7 +128,7 @@ def _publish_intents(admin, outbox, k, rng, job: str) -> tuple[list, list]:
     },
 )  # fmt: skip
 def relay_check(answer, schedule: Schedule, history: list) -> None:
-    """Trial for 08.1: ``answer(db, mail)`` sends pending email intents exactly once."""
+    """Trial for 08.1: ``answer(db, mail)`` sends pending email intents, each with its key."""
     from labkit.mechanisms.effects import Outbox
 
     rng, k = schedule.rng, schedule.knobs
@@ -183,8 +183,8 @@ def relay_check(answer, schedule: Schedule, history: list) -> None:
             twice = [e["subject"] for e in wanted if sent.count(e) > 1]
             extra = [p["subject"] for p in sent if p not in wanted]
             checks += [
-                ("never twice", not twice, ("each committed email intent is delivered exactly once, "
-                 "even when the relay dies between sending and marking"),
+                ("never twice", not twice, ("each committed email intent reaches the provider once (a resend "
+                 "carries its key), even when the relay dies between sending and marking"),
                  f"delivered more than once {after}: {twice}"),
                 ("never twice", not extra, "the relay sends only the committed email intents",
                  f"emails no intent asked for: {extra}"),

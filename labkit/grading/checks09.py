@@ -35,7 +35,7 @@ INCIDENT_PROPS = {
     "a restored counter",
     "in time": "deadlines, releases and retries: a late reply, a stuck release, a "
     "thundering restart",
-    "once": "work and effects that must happen exactly once: a repeated charge, a "
+    "once": "work and effects that must take effect once: a repeated charge, a "
     "forgotten run, a stale email",
 }
 #: the incidents, in the exercise's order

@@ -14,13 +14,14 @@ import contextlib
 from random import Random
 import re
 
+from labkit.grading.diskfull import disk_full, is_full, long_id, short
 from labkit.grading.lab import Tracer, busy, call, is_bool, scratch, shown
 from labkit.db import execute
 from labkit.grading import Schedule, expect_all, hostile
 from labkit.sim.history import Event
 
 JOB, OTHER = "invoice-run", "payroll-run"
-CRASH = "simulated crash: the disk is full"
+CRASH = "the disk is full: SQLite's own SQLITE_FULL"
 ENDS = "every call ends its transaction with COMMIT or ROLLBACK, whatever happens"
 
 
@@ -34,22 +35,17 @@ RULES = {
     "generation, and changes nothing else",
     "clean": "a crash inside the transaction leaves nothing behind: no invoice stays, and the "
     "fence stays where it was",
-    "propagates": "the error of a crash propagates to the caller (ROLLBACK, then raise it "
-    "again): returning False would say the fence refused it",
+    "propagates": "SQLite's 'database or disk is full' propagates to the caller as it was raised: "
+    "SQLite has already rolled the transaction back, so an unconditional ROLLBACK fails and "
+    "replaces it ('no transaction is active'; roll back only if labkit.db.in_transaction(conn)), "
+    "and returning False would say the fence refused it",
     "locked": "a writer kept out by the lock lets SQLite's 'database is locked' propagate "
     "(returning False would say the fence refused it)",
 }
 
-SETUP = (
+SETUP = (  # no trigger on the written tables: it would give SQLite a statement journal
     "CREATE TABLE IF NOT EXISTS charges (id INTEGER PRIMARY KEY, job_id TEXT NOT NULL, "
     "invoice_id TEXT NOT NULL, amount INTEGER NOT NULL, generation INTEGER NOT NULL)",
-    "CREATE TABLE crash_plan (invoice_id TEXT PRIMARY KEY)",
-    *(
-        f"CREATE TRIGGER crash_{t}_{op} BEFORE {op} ON {t} WHEN NEW.invoice_id IN "
-        f"(SELECT invoice_id FROM crash_plan) BEGIN SELECT RAISE(ABORT, '{CRASH}'); END"
-        for t in ("invoices", "charges")
-        for op in ("INSERT", "UPDATE")
-    ),
 )
 
 
@@ -182,7 +178,7 @@ class _Writers:
     def wrote(self, who: str, gen: int, invoices: dict, before, after, crashed=False) -> None:
         """Log a write as the rows show it, and the fence of JOB if it moved."""
         outcome = "crashed" if crashed else ("ok" if after != before else "rejected")
-        self.log(who, "write", outcome, gen, ",".join(invoices))
+        self.log(who, "write", outcome, gen, ",".join(map(short, invoices)))
         if _fence(after, JOB) != _fence(before, JOB):
             self.log(who, "raise", "ok", _fence(after, JOB), JOB, dt=0.0)
 
@@ -195,9 +191,10 @@ class _Writers:
         )
         rule = {k: r.format(gen=gen, fence=fence) for k, r in RULES.items()}
         if crashed:
-            saw = f"{crashed} failed ({CRASH}); {diff}"
+            saw = f"{short(crashed)} failed ({CRASH}); {diff}"
             checks = [(after == before, rule["clean"], saw, "all or nothing")]
-            checks += [(out[0] == "raised", rule["propagates"], what, "propagates")]
+            raised = out[0] == "raised" and is_full(out[1])
+            checks += [(raised, rule["propagates"], what, "propagates")]
         elif want is None:
             checks = [
                 (is_bool(out, False) and after == before, rule["stale"], f"{what}; {diff}", "stale")
@@ -214,17 +211,22 @@ class _Writers:
         acted = bool(sql) and bool(crashed or self.worked or after != before)
         expect_all(checks, acted=acted, go_on=not left_open)  # judged on the rows it found
 
-    def write(self, who: str, job: str, gen: int, invoices: dict, crash: str | None = None) -> None:
-        """One call on its own: log it as the rows show it, then judge it."""
+    def write(self, who: str, job: str, gen: int, invoices: dict, crash: str | None = None) -> dict:
+        """One call on its own: log it as the rows show it, then judge it. With ``crash`` (an
+        invoice of the batch) the disk is full when that invoice is written: it gets a
+        :func:`long_id`. Returns the batch as written."""
         before = _state(self.db)
-        execute(self.db, "INSERT INTO crash_plan SELECT ? WHERE ?", (crash, bool(crash)))
-        ran = self.call(who, job, gen, invoices)
+        if crash:
+            name, crash = crash, long_id(self.db, crash)
+            invoices = {(crash if i == name else i): a for i, a in invoices.items()}
+        with disk_full(*self.conns[who]) if crash else contextlib.nullcontext():
+            ran = self.call(who, job, gen, invoices)
         after, (_, sql, _) = _state(self.db), ran
         wrote = any(_INTO.match(s) for s in sql)  # a crash needs a write: raising is not one
         crashed = crash if wrote and _after(before, job, gen, invoices) is not None else None
         self.wrote(who, gen, invoices, before, after, crashed=bool(crashed))
         self.judge(who, job, gen, invoices, before, ran, after, crashed)
-        execute(self.db, "DELETE FROM crash_plan")  # after the judge: it may hold the lock
+        return invoices
 
     def race(self, job: str, at: int, a_gen: int, b_gen: int, a_inv: dict, b_inv: dict) -> None:
         """A writes with ``a_gen``; B (``b_gen`` > ``a_gen``) acts just before A's ``at``-th statement."""
@@ -307,8 +309,8 @@ def fenced_trial(answer, schedule: Schedule, history: list, batch: bool) -> None
             w.write("A", JOB, 7, inv())
         elif story == "crash":
             batch_ = inv()
-            w.write("B", JOB, 8, batch_, crash=rng.choice(list(batch_)))
-            w.write("B", JOB, 8, batch_)
+            batch_ = w.write("B", JOB, 8, batch_, crash=rng.choice(list(batch_)))
+            w.write("B", JOB, 8, batch_)  # the same write again, once the disk has room
         elif story == "two jobs":
             w.write("B", OTHER, start[OTHER], inv())
             w.write("A", JOB, 9, inv())

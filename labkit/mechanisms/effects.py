@@ -248,11 +248,18 @@ class Outbox:
 
 
 class ETagStore:
-    """Objects replaced by compare-and-set on an ETag (a hash of the content).
-    An ETag is not ordered (old content brings its old ETag back), nor a right to write."""
+    """Objects replaced by compare-and-set on an ETag, an opaque validator of the current object.
 
-    def __init__(self, db) -> None:
-        self.db = db
+    The store promises only that the ETag changes when the object does. ``etags="hash"`` (the
+    default) makes it a hash of the content, as some stores do; ``etags="version"`` a value
+    drawn from the object's history, which never comes back. Neither kind is a right to write:
+    any worker can read the object and present its current ETag. A content hash is also not
+    ordered: old content brings its old ETag back (ABA)."""
+
+    def __init__(self, db, *, etags: str = "hash") -> None:
+        if etags not in ("hash", "version"):
+            raise BadArgument("etags", f"must be 'hash' or 'version', got {etags!r}")
+        self.db, self.etags = db, etags
         _ensure(db, "objects")
 
     def get(self, name: str) -> tuple[bytes, str] | None:
@@ -273,7 +280,11 @@ class ETagStore:
 
     def _write(self, sql: str, name: str, body: bytes, **params) -> str | None:
         body, name = _bytes(body, "body"), check_name(name, "name")
-        etag = hashlib.sha256(body).hexdigest()[:16]
         with transaction(self.db):
+            seen = execute(self.db, "SELECT etag FROM objects WHERE name = ?", (name,))
+            mark = (
+                body if self.etags == "hash" else f"{seen[0][0] if seen else ''}/".encode() + body
+            )
+            etag = hashlib.sha256(mark).hexdigest()[:16]  # "version": chained, so never repeated
             changed = rowcount(self.db, sql, {**params, "name": name, "etag": etag, "body": body})
         return etag if changed else None

@@ -22,7 +22,7 @@ from labkit.errors import BadArgument, check_number
 from labkit.processes.live import draw, png
 from labkit.processes.team import Team
 from labkit.processes.workers import IN_TX
-from labkit.sim import check
+from labkit.sim import check, warnings
 
 __all__ = ["TTL", "Action", "main", "run", "schedule"]
 
@@ -85,6 +85,7 @@ def run(
             time.sleep(0.02)
     history, c = team.history(), team.counts
     violations = Counter(v.kind for v in check(history, final=team.final()))
+    warned = Counter(w.kind for w in warnings(history))  # timing discipline: never a failure
     found = ", ".join(f"{k} {n}" for k, n in sorted(violations.items()))
     timeline = os.path.join(team.run_dir, "timeline.png")
     params = {"protected": protected, "workers": workers, "ttl": ttl, "seed": seed}
@@ -100,6 +101,7 @@ def run(
     lines.append(f"ledger: {ledger or 'every invoice equals the sum of its charge lines'}")
     lines += [killer.text] if etcd else []
     lines.append(f"violations: {found or 'none'}")
+    lines.append(f"warnings: {', '.join(f'{k} {n}' for k, n in sorted(warned.items())) or 'none'}")
     lines += [f"worker error: {e}" for e in errors]
     missing = {"no lease holder was frozen past its lease": c["freezes_past_lease"]}
     missing["no kill landed inside a transaction"] = c["kills_in_tx"]

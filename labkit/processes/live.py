@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 from labkit.errors import check_number
 from labkit.processes.team import Team, proc_state
-from labkit.sim import Event, check
+from labkit.sim import Event, check, warnings
 
 __all__ = ["Demo", "Team", "draw", "png", "proc_state", "run_demo"]
 __all__ += ["draw_room", "room_history", "watch_room"]
@@ -143,10 +143,11 @@ def draw(history, ax=None, *, params, now=None, title=None, lanes=14):
         elif e.outcome == "busy":
             e = replace(e, action="wait")
         drawn.append(e)
-    found = check(history)
+    found, warned = check(history), warnings(history)
     kinds = Counter(v.kind for v in found)
     verdict = title or ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) or "no violation"
     run = SimpleNamespace(history=drawn[::-1], violations=found, verdict=verdict, params=params)
+    run.warnings = warned
     ax = timeline(run, ax, lanes=lanes)
     ax.set_xlabel("seconds (real time)")
     return ax

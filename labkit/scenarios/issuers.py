@@ -1,7 +1,8 @@
 """Lesson 04: who issues the numbers; a new epoch from a durable authority protects both.
 
->>> sorted(issuer_failover(protected=False).kinds), issuer_failover().violations
-(['acted_after_expiry', 'lost_update'], ())
+>>> naive = issuer_failover(protected=False)
+>>> sorted(naive.kinds), [w.kind for w in naive.warnings], issuer_failover().violations
+(['lost_update'], ['acted_after_expiry'], ())
 """
 
 from labkit.errors import check_number

@@ -1,4 +1,4 @@
-"""Lesson 07: a worker raises the fence and crashes; who finishes its work, exactly once?
+"""Lesson 07: a worker raises the fence and crashes; who finishes its work, repeating none of it?
 
 >>> sorted(crash_after_fence(protected=False).kinds), crash_after_fence().violations
 (['duplicate_effect'], ())

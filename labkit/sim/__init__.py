@@ -4,8 +4,9 @@
 their checker and verdict; ``steps`` and ``files`` serve them."""
 
 from labkit.sim.engine import SCENARIOS, Result, Sim, play, scenario
-from labkit.sim.history import Event, Violation, check
+from labkit.sim.history import Event, TimingWarning, Violation, check, warnings
 from labkit.sim.worker import JOB, LEASE, Crashed, NoResponse, Worker, upsert_invoice
 
 __all__ = ["Sim", "Result", "scenario", "play", "SCENARIOS", "Worker", "upsert_invoice"]
 __all__ += ["Crashed", "NoResponse", "JOB", "LEASE", "Event", "Violation", "check"]
+__all__ += ["TimingWarning", "warnings"]

@@ -40,7 +40,7 @@ from labkit.db import execute, quote
 from labkit.errors import BadArgument, BadArgumentType, LabkitError, check_number
 from labkit.lease import LeaseAuthority
 from labkit.sim.files import connect_file, new_folder
-from labkit.sim.history import TICK, Event, check, describe
+from labkit.sim.history import TICK, Event, check, describe, warnings
 from labkit.sim.worker import Crashed, LocalClock, Worker
 
 __all__ = ["Sim", "Result", "scenario", "play", "SCENARIOS"]
@@ -53,13 +53,15 @@ SCENARIOS: dict[str, Callable[..., "Result"]] = {}
 class Result:
     """What one run of a scenario did: ``params`` (the knobs, ``protected`` and ``seed``),
     ``history`` (a tuple of events), ``tables`` (name -> row dicts, read from the real files
-    at the end), ``violations`` (what :func:`labkit.check` found) and a one-line ``verdict``."""
+    at the end), ``violations`` (what :func:`labkit.check` found: harm in the data), a one-line
+    ``verdict`` and ``warnings`` (timing discipline, :func:`labkit.sim.history.warnings`)."""
 
     params: dict
     history: tuple = field(repr=False)
     tables: dict = field(repr=False)
     violations: tuple = field(repr=False)
     verdict: str
+    warnings: tuple = field(default=(), repr=False)
 
     @property
     def kinds(self) -> set[str]:
@@ -196,9 +198,10 @@ class Sim:
         tables = self.tables()
         history = tuple(self.history)
         violations = tuple(check(history, final=self.final(tables)))
+        warned = tuple(warnings(history))
         verdict = wording(history, violations, tables) if wording else None
-        verdict = verdict or describe(history, violations)
-        return Result(dict(params), history, tables, violations, verdict)
+        verdict = verdict or describe(history, violations, warned)
+        return Result(dict(params), history, tables, violations, verdict, warned)
 
     def close(self) -> None:
         """Close every connection (rolling back open transactions) and delete the temp folder."""

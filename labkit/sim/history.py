@@ -1,7 +1,12 @@
 """Histories: what every worker tried and what the system answered; their checker and verdict.
 
-:func:`check` reads only the answers the system gave (``ok`` means committed) and the order
-and tokens of attempts; :func:`describe` words the result in one line. Outcomes by action
+Two words, kept apart. A **violation** is what the data shows: a stale write accepted, a lost
+update, a duplicate effect, two holders' effects interleaved, a lease freed by a non-holder. A
+**warning** is timing discipline (acting after one's own lease ended): never unsafe by itself.
+
+:func:`check` finds the violations, :func:`warnings` the warnings; both read only the answers
+the system gave (``ok`` means committed) and the order and tokens of attempts; :func:`describe`
+words the result in one line. Outcomes by action
 (:class:`Event` says what its fields mean):
 
 * ``acquire``, ``renew``: ``ok``, ``held`` or ``lost``; ``release``: ``ok`` or ``lost``.
@@ -18,7 +23,8 @@ from typing import Iterable, Mapping
 from labkit.errors import BadArgument, BadArgumentType, LabkitError
 from labkit.fence import token
 
-__all__ = ["Event", "Violation", "check", "describe", "EFFECTS", "VIOLATION_KINDS", "TICK"]
+__all__ = ["Event", "Violation", "TimingWarning", "check", "warnings", "describe", "EFFECTS"]
+__all__ += ["VIOLATION_KINDS", "WARNING_KINDS", "TICK"]
 
 TICK = 0.5  # virtual seconds between a worker's retries of a locked database
 
@@ -27,9 +33,10 @@ VIOLATION_KINDS = (
     "stale_accepted",
     "lost_update",
     "duplicate_effect",
-    "acted_after_expiry",
+    "interleaved",
     "foreign_release",
 )
+WARNING_KINDS = ("acted_after_expiry",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +66,19 @@ class Event:
 
 @dataclass(frozen=True, slots=True)
 class Violation:
-    """A broken safety property: its ``kind`` (see VIOLATION_KINDS), ``event`` and ``message``."""
+    """Harm the data shows: its ``kind`` (see VIOLATION_KINDS), ``event`` and ``message``.
+
+    ``event`` is the write that caused the harm (for an unseen overwrite by the rightful holder,
+    the stale write that landed in its gap)."""
+
+    kind: str
+    event: Event
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class TimingWarning:
+    """A lapse of timing discipline: its ``kind`` (see WARNING_KINDS), ``event``, ``message``."""
 
     kind: str
     event: Event
@@ -68,10 +87,9 @@ class Violation:
 
 def _is_token(value) -> bool:
     try:
-        token(value)
+        return token(value) is not None
     except LabkitError:
         return False
-    return True
 
 
 _NOT_TOKEN = "not an int or an (epoch, counter) pair"
@@ -103,23 +121,45 @@ def _checked(history: Iterable[Event], final) -> list[Event]:
     return sorted(events, key=lambda e: e.time)
 
 
-def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -> list[Violation]:
-    """Return every safety violation in ``history`` (empty for a clean history).
+def _lease_ends(events: list[Event]) -> Iterable[tuple[Event, float, str]]:
+    """Each event, with when and how its worker's own lease ends at the authority by then (its
+    last acquire or renew's ``until``, or its release; inf if none)."""
+    ended: dict[str, tuple] = {}
+    for e in events:
+        if e.outcome == "ok":
+            if e.action == "acquire":
+                ended.pop(e.worker, None)
+            if e.action in ("acquire", "renew") and e.until is not None:
+                ended[e.worker] = (e.until, "expired")
+            elif e.action == "release":
+                ended[e.worker] = (e.time, "was released")
+        yield (e, *ended.get(e.worker, (math.inf, "")))
 
-    One history is the story of ONE fenced job and ONE lease: the checker keeps a single highest
-    committed token for all effects and one lease expiry per worker. ``final``, if given, is the
-    committed state at the end, ``{target: generation}``. A malformed event or value raises
-    ``BadArgumentType`` or ``BadArgument`` naming ``history`` or ``final``.
+
+def _late(e: Event, end: float) -> bool:
+    """Whether effect ``e`` began after its worker's own lease ended at ``end``."""
+    return (e.time if e.began is None else e.began) > end
+
+
+def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -> list[Violation]:
+    """Return every safety violation in ``history``: what the data shows (empty if clean).
+
+    Timing alone is never a violation: that is :func:`warnings`.
+
+    One history is ONE fenced job and ONE lease: a single highest committed token for all effects.
+    ``final``, if given, is the committed state at the end, ``{target: generation}``. A malformed
+    event or value raises ``BadArgumentType`` or ``BadArgument`` naming ``history`` or ``final``.
 
     Checks:
         stale_accepted: an effect committed with a token below one already committed.
         lost_update: a target's committed write replaced by a lower token, or by another worker
             whose last read of that target came before the write, or not what ``final`` holds.
+            The violation names the write that caused it: the stale one (from a worker past its
+            own lease) that landed in the gap, if the overwrite came from the rightful holder.
         duplicate_effect: two committed effects with the same operation key.
-        acted_after_expiry: an effect committed by a worker whose transaction began after its
-            own lease ended (its last acquire or renew's ``until``, or its release) and before it
-            acquired again. A transaction begun in time (or at the very instant of expiry, when
-            the successor's grant is still racing it) may commit late: the fence orders it.
+        interleaved: an effect committed by a worker after another worker's effect with a token
+            at least as high, itself after the first worker's earlier effect: two holders acted
+            at once (reported only where no other violation names the effect).
         foreign_release: a release or renewal that succeeded for a worker not holding the lease.
 
     >>> check([Event(0, "B", "write", "ok", 8, target="INV-1"),
@@ -129,16 +169,16 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
     events = _checked(history, final)
     found: list[Violation] = []
     highest = None  # highest committed token so far
-    last_write: dict[str, tuple[int, Event]] = {}  # target -> (position, its last committed write)
+    last_write: dict[str, tuple[int, Event, bool]] = {}  # target -> (position, write, was it late)
     keys_done: dict[str, Event] = {}
-    ended: dict[str, tuple] = {}  # worker -> (when, how) its own lease ends at the authority
     holder: dict[str, tuple] = {}  # lease target -> (worker, generation) of the live lease
     last_read: dict[tuple, int] = {}  # (worker, target) -> position of its last ok read
+    acted: list[tuple[int, Event]] = []  # committed effects with a token, in order
 
     def flag(kind: str, event: Event, message: str) -> None:
         found.append(Violation(kind, event, message))
 
-    for i, e in enumerate(events):
+    for i, (e, end, _) in enumerate(_lease_ends(events)):
         if e.outcome != "ok":
             continue
         if e.action == "read":
@@ -153,10 +193,6 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
                     f"while {holder[e.target][0]} held the lease",
                 )
             holder[e.target] = me
-            if e.action == "acquire":
-                ended.pop(e.worker, None)
-            if e.until is not None:
-                ended[e.worker] = (e.until, "expired")
         elif e.action == "release":
             owner = holder.pop(e.target, None)
             if owner is not None and owner != (e.worker, e.generation):
@@ -166,8 +202,8 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
                     f"{e.worker}'s release (generation {e.generation}) "
                     f"deleted {owner[0]}'s lease (generation {owner[1]})",
                 )
-            ended[e.worker] = (e.time, "was released")
         elif e.action in EFFECTS:
+            before_found = len(found)
             if e.generation is not None:
                 mine = token(e.generation)
                 if highest is not None and mine < token(highest):
@@ -179,7 +215,7 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
                     )
                 if highest is None or mine > token(highest):
                     highest = e.generation
-                at, before = last_write.get(e.target, (i, None))
+                at, before, stale = last_write.get(e.target, (i, None, False))
                 if before is not None and mine < token(before.generation):
                     flag(
                         "lost_update",
@@ -192,14 +228,35 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
                     and before.worker != e.worker
                     and last_read.get((e.worker, e.target), at) < at
                 ):
+                    if stale and not _late(e, end):  # the stale write landed in the gap
+                        flag(
+                            "lost_update",
+                            before,
+                            f"{before.worker}'s late write of {e.target} (generation "
+                            f"{before.generation}) landed between {e.worker}'s read and its "
+                            f"write, and {e.worker} overwrote it unseen",
+                        )
+                    else:
+                        flag(
+                            "lost_update",
+                            e,
+                            f"{e.worker} overwrote {e.target} without having seen "
+                            f"{before.worker}'s write (generation {before.generation}) "
+                            f"that landed after its read",
+                        )
+                last_write[e.target] = (i, e, _late(e, end))
+                mine_before = [j for j, x in acted if x.worker == e.worker]
+                others = [x for j, x in acted if mine_before and j > mine_before[-1]]
+                rival = next((x for x in others if x.worker != e.worker
+                              and token(x.generation) >= mine), None)  # fmt: skip
+                if rival is not None and len(found) == before_found:
                     flag(
-                        "lost_update",
+                        "interleaved",
                         e,
-                        f"{e.worker} overwrote {e.target} without having seen "
-                        f"{before.worker}'s write (generation {before.generation}) "
-                        f"that landed after its read",
+                        f"{e.worker}'s {e.action} with generation {e.generation} came after "
+                        f"{rival.worker}'s with {rival.generation}: two holders acted at once",
                     )
-                last_write[e.target] = (i, e)
+                acted.append((i, e))
             if e.key is not None:
                 if e.key in keys_done:
                     flag(
@@ -209,15 +266,7 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
                         f"(at t={keys_done[e.key].time:g} and t={e.time:g})",
                     )
                 keys_done.setdefault(e.key, e)
-            end, how = ended.get(e.worker, (math.inf, ""))
-            if (e.time if e.began is None else e.began) > end:
-                flag(
-                    "acted_after_expiry",
-                    e,
-                    f"{e.worker} committed a {e.action} at t={e.time:g}, "
-                    f"after its lease {how} at t={end:g}",
-                )
-    for target, (_, e) in last_write.items() if final is not None else ():
+    for target, (_, e, _) in last_write.items() if final is not None else ():
         held = final.get(target)
         if held is None or token(held) != token(e.generation):
             flag(
@@ -229,24 +278,50 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
     return found
 
 
+def warnings(history: Iterable[Event]) -> list[TimingWarning]:
+    """Return every lapse of timing discipline in ``history``: never a violation by itself.
+
+    acted_after_expiry: an effect whose transaction began after its worker's own lease ended
+    (see :func:`_lease_ends`); whether that harmed anything is :func:`check`'s to say.
+
+    >>> [w.kind for w in warnings([Event(0, "A", "acquire", "ok", 7, target="run", until=10),
+    ...                            Event(30, "A", "write", "ok", 7, target="INV-1")])]
+    ['acted_after_expiry']
+    """
+    return [
+        TimingWarning("acted_after_expiry", e, f"{e.worker} committed a {e.action} at "
+                      f"t={e.time:g}, after its lease {how} at t={end:g}")
+        for e, end, how in _lease_ends(_checked(history, None))
+        if e.outcome == "ok" and e.action in EFFECTS and _late(e, end)
+    ]  # fmt: skip
+
+
 _HEADLINE = ("lost_update", *(k for k in VIOLATION_KINDS if k != "lost_update"))  # worst first
 _LABEL = {kind: kind.replace("_", " ") for kind in VIOLATION_KINDS}
 _LABEL["stale_accepted"] = "stale write accepted"
 
 
-def describe(history: Iterable[Event], violations: Iterable[Violation]) -> str:
-    """One line: the worst violation, or for a clean run what stopped the failure
-    (a stale write bounced off the fence, a repeat recognised by its key, a lock wait)."""
-    violations = list(violations)
+def describe(history: Iterable[Event], violations: Iterable[Violation], warned=None) -> str:
+    """One line: the worst violation, or for a clean run what stopped the failure (a stale write
+    bounced off the fence, a repeat recognised by its key, a lock wait), then any warnings
+    (``warned``; by default :func:`warnings` of ``history``)."""
+    history, violations = list(history), list(violations)
+    warned = warnings(history) if warned is None else list(warned)
+    late = {id(w.event) for w in warned}
     if violations:
         worst = min(violations, key=lambda v: _HEADLINE.index(v.kind))
         same = sorted({v.kind for v in violations if v.event == worst.event}, key=_HEADLINE.index)
-        message = worst.message
-        if "acted_after_expiry" in same and worst.kind != "acted_after_expiry":
-            message += ", after its lease expired"
+        message = worst.message + (", after its lease expired" if id(worst.event) in late else "")
         others = len({id(v.event) for v in violations if v.event != worst.event})
         more = f" (and {others} more)" if others else ""
         return f"{message}: {', '.join(_LABEL[k] for k in same)}{more}"
+    clean = _clean(history)
+    if not warned:
+        return clean
+    return f"{clean}; {len(warned)} warning{'s' * (len(warned) > 1)}: {warned[0].message}"
+
+
+def _clean(history: list) -> str:  # the one line of a run without violations
     history = list(history)
     fence = None
     for e in history:

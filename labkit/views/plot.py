@@ -32,7 +32,8 @@ _MARK_LABELS = {
     "duplicate": "repeat stopped by key",
     "crash": "crash",
     "lost": "answer lost",
-    "violation": "violation",
+    "violation": "violation (harm in the data)",
+    "warning": "warning (acted after its lease)",
 }
 
 
@@ -215,7 +216,7 @@ def timeline(result, ax=None, *, lanes: int = 14):
 
 #: the outcome map's outcomes, worst first after "no violation", and their colours
 _OUTCOMES = ["no violation", "lost_update", "stale_accepted", "duplicate_effect"]
-_OUTCOMES += ["acted_after_expiry", "foreign_release"]
+_OUTCOMES += ["interleaved", "foreign_release"]
 _OUTCOME_COLOURS = ["#009E73", "#D55E00", "#E69F00", "#CC79A7", "#56B4E9", "#0072B2"]
 
 

@@ -62,6 +62,9 @@ def styles() -> dict:
         "violation": dict(
             marker="o", mfc="none", mec=COLOURS["crash"], mew=2, ms=size * 2.2, zorder=6
         ),
+        "warning": dict(  # timing discipline, not harm: a thin grey diamond, never the ring
+            marker="D", mfc="none", mec="#777777", mew=1.2, ms=size * 1.9, zorder=5
+        ),
     }
 
 
@@ -251,6 +254,9 @@ def scene(result, lanes: list[str], xmax: float, pt: float | None = None) -> Sce
         for v in result.violations:
             if v.event.worker == worker:
                 mark("violation", drawn.get(v.event, v.event.time), y)
+        for w in getattr(result, "warnings", ()):
+            if w.event.worker == worker:
+                mark("warning", drawn.get(w.event, w.event.time), y)
     fy = len(lanes)
     raises = [
         e for e in history if e.action == "raise" and e.outcome == "ok" and e.generation is not None
