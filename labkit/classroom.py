@@ -2,7 +2,7 @@
 
 from labkit.engines.room import Room, Watchdog, lan_warning, main, serve
 from labkit.engines.student import join, register
-from labkit.processes.live import draw_room as draw, room_history as history, watch_room as watch
+from labkit.processes.room_view import draw, history, watch
 
 __all__ = ["Room", "Watchdog", "draw", "history", "join", "lan_warning", "main", "register"]
 __all__ += ["serve", "watch"]

@@ -1,4 +1,4 @@
-"""The one place labkit talks to SQLite (and to PostgreSQL, whose handle is in labkit.engines).
+"""The one place labkit talks to SQLite, and its one seam to other databases (:class:`Engine`).
 
 The transaction contract, once: every connection labkit opens has ``isolation_level=None``, so
 Python never opens a transaction behind our back. A write that matters runs inside
@@ -39,6 +39,10 @@ CREATE TABLE IF NOT EXISTS invoices (
 """
 
 
+class Engine:
+    """A database other than SQLite behind this seam: labkit.engines.postgres_db has one."""
+
+
 def connect(path: str = ":memory:", *, busy_timeout_ms: int = 5000) -> sqlite_utils.Database:
     """Open a SQLite database (WAL, ``isolation_level=None``) and install labkit's schema.
 
@@ -50,10 +54,8 @@ def connect(path: str = ":memory:", *, busy_timeout_ms: int = 5000) -> sqlite_ut
     path = check_name(os.fspath(path) if isinstance(path, os.PathLike) else path, "path")
     timeout = check_number(busy_timeout_ms, "busy_timeout_ms", integer=True, high=2**31 - 1)
     try:
-        uri = path.startswith("file:")
-        conn = sqlite3.connect(
-            path, isolation_level=None, timeout=timeout / 1000, check_same_thread=False, uri=uri
-        )
+        conn = sqlite3.connect(path, isolation_level=None, timeout=timeout / 1000,
+                               check_same_thread=False, uri=path.startswith("file:"))  # fmt: skip
     except sqlite3.Error as exc:
         raise BadArgument("path", f"cannot open {path!r}: {exc}") from None
     import sqlite_utils  # here, not at the top: it loads numpy, which `import labkit` must not
@@ -92,8 +94,8 @@ def quote(identifier: str) -> str:
 
 def check_db(db, argument: str = "db") -> sqlite3.Connection:
     """Return the connection of ``db`` (a labkit database, or an explicit-mode sqlite3 one)."""
-    conn = getattr(db, "conn", db)
-    if not isinstance(conn, sqlite3.Connection) and not hasattr(conn, "labkit_engine"):
+    conn = getattr(db, "conn", db)  # a sqlite-utils Database, a Tx, or the connection itself
+    if not isinstance(conn, (sqlite3.Connection, Engine)):
         raise BadArgumentType(argument, f"must be a labkit database, got {type(db).__name__}")
     with contextlib.suppress(sqlite3.ProgrammingError):  # closed: the first statement says so
         if conn.isolation_level is not None:  # Python would open transactions behind our back

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
 
-from labkit.db import check_db, check_name, ensure, execute, in_transaction, quote, transaction
+from labkit.db import Engine, check_db, check_name, ensure, execute, in_transaction, quote
+from labkit.db import transaction
 from labkit.errors import MAX_INT, BadArgument, BadArgumentType, LabkitError, StaleGeneration
 from labkit.errors import check_number
 
@@ -75,8 +76,8 @@ class Fence:
         table, column = check_name(table, "table"), check_name(column, "column")
         if table.lower() in _OWN_TABLES:
             raise BadArgument("table", f"{table!r} is one of labkit's own tables")
-        if engine := getattr(check_db(self.db), "protect", None):  # PostgreSQL: PL/pgSQL triggers
-            return engine(table, column)
+        if isinstance(engine := check_db(self.db), Engine):  # PostgreSQL: PL/pgSQL triggers
+            return engine.protect(table, column)
         sql = """SELECT lower(name) FROM pragma_table_info(:t) WHERE EXISTS (
             SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = :t COLLATE NOCASE)"""
         if not (columns := {name for (name,) in execute(self.db, sql, {"t": table})}):
@@ -154,7 +155,7 @@ class Tx:
     @property
     def db(self) -> sqlite_utils.Database:
         """The sqlite-utils view of this transaction (it cannot refuse use after the block)."""
-        if hasattr(self.conn, "labkit_engine"):
+        if isinstance(self.conn, Engine):
             raise BadArgument("tx", "tx.db is sqlite-utils, for SQLite only: use tx.execute(sql)")
         import sqlite_utils  # on first use: it loads numpy (labkit.db.connect says why)
 

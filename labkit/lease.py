@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 from labkit.clock import Clock, check_clock, read_clock
-from labkit.db import check_db, check_name, execute, rowcount, transaction
+from labkit.db import Engine, check_db, check_name, execute, rowcount, transaction
 from labkit.errors import MAX_INT, BadArgument, BadArgumentType, LeaseHeld, LeaseLost
 from labkit.errors import check_number
 
@@ -33,7 +33,7 @@ class Lease:
 
 
 class LeaseAuthority:
-    """Grants, renews and releases leases, reading time from ``clock``.
+    """Grants, renews and releases leases, reading time from ``clock`` (on a server, its own).
 
     >>> from labkit import connect, VirtualClock
     >>> clock = VirtualClock()
@@ -48,8 +48,9 @@ class LeaseAuthority:
     (None, None, 2)
     """
 
-    def __init__(self, db, clock: Clock) -> None:
-        check_db(db)
+    def __init__(self, db, clock: Clock = Engine) -> None:
+        server = isinstance(conn := check_db(db), Engine)  # then its clock, by default
+        clock = conn.lease_clock(clock) if server else None if clock is Engine else clock
         self.db, self.clock = db, check_clock(clock)
 
     def try_acquire(self, name: str, owner: str, ttl: float) -> Lease | None:
@@ -57,8 +58,7 @@ class LeaseAuthority:
         name, owner = check_name(name, "name"), check_name(owner, "owner")
         ttl = check_number(ttl, "ttl", positive=True)
         with transaction(self.db):
-            now = read_clock(self.clock)
-            expires_at = _expiry(now, ttl, "ttl")
+            expires_at = _expiry(now := read_clock(self.clock), ttl, "ttl")
             sql = """INSERT INTO lease_counter VALUES (?, 0)
                 ON CONFLICT(name) DO UPDATE SET generation = lease_counter.generation"""
             execute(self.db, sql, (name,))  # the counter row: made if missing, locked till COMMIT
@@ -77,13 +77,11 @@ class LeaseAuthority:
 
     def acquire(self, name: str, owner: str, ttl: float) -> Lease:
         """Like :meth:`try_acquire`, but a held name raises LeaseHeld, even for its holder."""
-        lease = self.try_acquire(name, owner, ttl)
-        if lease is None:
-            held = self.current(name)
-            if held is None:  # expired between the two reads: report what we saw
-                raise LeaseHeld(name, "<expired meanwhile>", -1, read_clock(self.clock))
-            raise LeaseHeld(name, held.owner, held.generation, held.expires_at)
-        return lease
+        if (lease := self.try_acquire(name, owner, ttl)) is not None:
+            return lease
+        if (held := self.current(name)) is None:  # expired between the two reads: say what we saw
+            raise LeaseHeld(name, "<expired meanwhile>", -1, read_clock(self.clock))
+        raise LeaseHeld(name, held.owner, held.generation, held.expires_at)
 
     def renew(self, lease: Lease) -> Lease:
         """Return ``lease`` extended to now + ``lease.ttl``, or raise LeaseLost."""
@@ -91,8 +89,7 @@ class LeaseAuthority:
         with transaction(self.db):
             sql = "UPDATE lease_counter SET generation = generation WHERE name = ?"  # the lock
             execute(self.db, sql, (lease.name,))
-            now = read_clock(self.clock)
-            expires_at = _expiry(now, lease.ttl, "lease")
+            expires_at = _expiry(now := read_clock(self.clock), lease.ttl, "lease")
             sql = """UPDATE leases SET expires_at = ?
                 WHERE name = ? AND owner = ? AND generation = ? AND expires_at > ?"""
             params = (expires_at, lease.name, lease.owner, lease.generation, now)

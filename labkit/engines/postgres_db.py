@@ -1,12 +1,14 @@
 """labkit's database seam on PostgreSQL, through psycopg 3 (imported only when used).
 
-:func:`connect` returns a :class:`PostgresDatabase`: the handle that the core's ``labkit.db``
-functions call in place of a sqlite3 connection. It keeps the core's contract. It is in
-autocommit, so the only transactions are the ones labkit begins; ``BEGIN IMMEDIATE`` is sent as
-a READ COMMITTED ``BEGIN``, and the row locks that the conditional statements take, held until
-COMMIT, serialise the writers (each statement then sees what the writer before it committed).
-Every value is bound, every row fetched, and driver errors become labkit's errors here. labkit's
-``?`` and ``:name`` placeholders become psycopg's ``%s`` and ``%(name)s``, outside quotes only.
+:func:`connect` returns a :class:`PostgresDatabase`, the :class:`labkit.db.Engine` that the
+core's ``labkit.db`` functions call in place of a sqlite3 connection. It keeps the core's
+contract. It is in autocommit, so the only transactions are the ones labkit begins;
+``BEGIN IMMEDIATE`` is sent as a READ COMMITTED ``BEGIN``, and the row locks that the
+conditional statements take, held until COMMIT, serialise the writers (each statement then sees
+what the writer before it committed). Every value is bound, every row fetched, and driver errors
+become labkit's errors here. labkit's ``?`` and ``:name`` placeholders become psycopg's ``%s``
+and ``%(name)s``, outside quotes, quoted names and dollar-quoted bodies. Its clock
+(:meth:`PostgresDatabase.now`) is the server's ``clock_timestamp()``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 from labkit import db as core
 from labkit.engines import pg_protect
-from labkit.errors import MAX_INT, BadArgument, Busy, LabkitError
+from labkit.errors import MAX_INT, BadArgument, BadArgumentType, Busy, LabkitError, StaleGeneration
 from labkit.errors import check_number
 
 __all__ = ["PostgresDatabase", "ServerGone", "connect", "translate"]
@@ -28,6 +30,13 @@ GONE = (
     "the connection to PostgreSQL was lost{where}; the server rolled back whatever this "
     "connection had not committed, so nothing half-written stays: reconnect with "
     "labkit.connect(url) and retry"
+)
+
+
+SHARED = (
+    "RealClock is this machine's time.monotonic(), its uptime: another machine using the same "
+    "server reads a different one, so two authorities can both see the lease free and two "
+    "holders act at once. Leave clock out: leases on a server read the server's clock"
 )
 
 
@@ -119,7 +128,10 @@ def translate(sql: str) -> str:
 
 
 _CONTROL = re.compile(r"\s*(BEGIN|COMMIT|END|ROLLBACK|ABORT|SAVEPOINT|RELEASE)\b", re.I)
-_TOKENS = re.compile(r"""'(?:[^']|'')*'|"(?:[^"]|"")*"|\$\$.*?\$\$|::|\?|:([A-Za-z_]\w*)|%""", re.S)
+_TOKENS = re.compile(
+    r"""'(?:[^']|'')*'|"(?:[^"]|"")*"|(\$(?:[A-Za-z_]\w*)?\$).*?\1|::|\?|:([A-Za-z_]\w*)|%""",
+    re.S,
+)
 
 
 def _swap(match: re.Match) -> str:
@@ -128,31 +140,50 @@ def _swap(match: re.Match) -> str:
         return "%s"
     if text == "%":
         return "%%"
-    if match.group(1):
-        return f"%({match.group(1)})s"
+    if match.group(2):
+        return f"%({match.group(2)})s"
     return text
 
 
-class PostgresDatabase:
-    """A labkit database on PostgreSQL: what ``labkit.db`` calls on a sqlite3 connection.
+class PostgresDatabase(core.Engine):
+    """A labkit database on PostgreSQL: the :class:`labkit.db.Engine` for psycopg 3.
+
+    The interface the core calls: ``execute(sql, params)`` (labkit's placeholders; rows fetched,
+    ``rowcount``), ``in_transaction``, ``conn`` and ``isolation_level`` (as a sqlite3
+    connection's), ``protect(table, column)`` (``Fence.protect``), ``now()`` and
+    ``lease_clock(clock)`` (the server's clock for leases). It raises only labkit's errors.
 
     Its ``conn`` is itself (a sqlite-utils Database's ``conn`` is the sqlite3 connection), so
     ``execute(db, ...)``, ``transaction(db)``, ``Fence(db, ...)`` and ``db.conn.close()`` work
-    as on SQLite. ``pg`` is the psycopg connection, ``url`` the URL without its password.
+    as on SQLite. ``pg`` is the psycopg connection, ``url`` the URL without its password, and
+    ``trips`` counts the round trips to the server (each a network wait).
     """
 
-    labkit_engine = "postgresql"
     isolation_level = None  # as labkit's sqlite3 connections: no transaction behind our back
 
     def __init__(self, pg, url: str, busy_timeout_ms: int) -> None:
-        self.pg, self.url, self.busy_timeout_ms = pg, url, busy_timeout_ms
+        self.pg, self.url, self.busy_timeout_ms, self.trips = pg, url, busy_timeout_ms, 0
+
+    @property
+    def conn(self) -> PostgresDatabase:
+        """Itself, as a sqlite-utils Database's ``conn`` is its sqlite3 connection."""
+        return self
 
     def __repr__(self) -> str:
         return f"<labkit PostgresDatabase {self.url}>"
 
-    @property
-    def conn(self) -> PostgresDatabase:
-        return self
+    def now(self) -> float:
+        """The server's ``clock_timestamp()`` in seconds: one clock for every machine using it."""
+        return self.run("SELECT extract(epoch FROM clock_timestamp())::float8").rows[0][0]
+
+    def lease_clock(self, clock):
+        """The clock a LeaseAuthority here reads: this server's unless given; never RealClock,
+        which is one machine's uptime (another machine's differs, by hours)."""
+        from labkit.clock import RealClock
+
+        if isinstance(clock, RealClock):
+            raise BadArgument("clock", SHARED)
+        return self if clock is core.Engine else clock  # the default: the engine's own
 
     @property
     def in_transaction(self) -> bool:
@@ -174,31 +205,42 @@ class PostgresDatabase:
         """Run one statement already in psycopg's form; driver errors become labkit errors.
 
         Inside a transaction, a failed statement aborts all of it on PostgreSQL but only itself on
-        SQLite; a savepoint around each statement keeps SQLite's rule (the error still raises).
-        """
+        SQLite; a savepoint around the statement keeps SQLite's rule (the error still raises).
+        The savepoint, the statement and its release go in one pipeline: one round trip."""
         import psycopg
 
         inside = self.pg.info.transaction_status.name == "INTRANS" and not _CONTROL.match(sql)
         try:
-            with self.pg.cursor() as cursor:
-                if inside:
-                    cursor.execute("SAVEPOINT labkit_statement")
-                try:
+            if not inside:
+                self.trips += 1
+                with self.pg.cursor() as cursor:
                     cursor.execute(sql, params, binary=True)  # extended protocol: one statement
                     rows = cursor.fetchall() if cursor.description is not None else []
-                    result = _Rows(rows, cursor.rowcount)
-                except psycopg.Error:
-                    if inside and not self.pg.broken:
-                        cursor.execute("ROLLBACK TO SAVEPOINT labkit_statement")
-                        cursor.execute("RELEASE SAVEPOINT labkit_statement")
-                    raise
-                if inside:
-                    cursor.execute("RELEASE SAVEPOINT labkit_statement")
-                return result
+                    return _Rows(rows, cursor.rowcount)
+            return self._alone(sql, params, psycopg)
         except psycopg.Error as exc:
             raise self._translate(exc, named if named is not None else params) from exc
         except (TypeError, KeyError) as exc:  # psycopg met params it cannot bind
             raise BadArgument("params", f"cannot bind {exc}") from None
+
+    def _alone(self, sql: str, params: Any, psycopg) -> _Rows:
+        """``sql`` between SAVEPOINT and RELEASE, sent together; rolled back alone if it fails."""
+        self.trips += 1
+        try:
+            with self.pg.pipeline() as pipe, self.pg.cursor() as mark, self.pg.cursor() as cursor:
+                mark.execute("SAVEPOINT labkit_statement")
+                cursor.execute(sql, params, binary=True)
+                mark.execute("RELEASE SAVEPOINT labkit_statement")
+                pipe.sync()  # the one round trip: all three sent, all three answered
+                rows = cursor.fetchall() if cursor.description is not None else []
+                return _Rows(rows, cursor.rowcount)
+        except psycopg.Error:
+            if not self.pg.broken:
+                self.trips += 1
+                with self.pg.pipeline(), self.pg.cursor() as mark:
+                    mark.execute("ROLLBACK TO SAVEPOINT labkit_statement")
+                    mark.execute("RELEASE SAVEPOINT labkit_statement")
+            raise
 
     def protect(self, table: str, column: str) -> None:
         """Fence.protect on PostgreSQL: PL/pgSQL triggers (see :mod:`labkit.engines.pg_protect`)."""
@@ -216,8 +258,7 @@ class PostgresDatabase:
             return ServerGone(self.url, GONE.format(where=f" ({text.strip()})"))
         if isinstance(exc, e.RaiseException) and text.startswith("labkit: "):
             detail = exc.diag.message_detail or ""
-            known = tuple(map(int, detail.split(","))) if detail else None
-            return core._refusal(text, _Known(known), params)
+            return refusal(text, params, tuple(map(int, detail.split(","))) if detail else None)
         if "cannot insert multiple commands" in text:
             return BadArgument("sql", "must be exactly one statement")
         if isinstance(exc, e.DataError) or (
@@ -227,6 +268,27 @@ class PostgresDatabase:
         if isinstance(exc, e.ReadOnlySqlTransaction):
             return BadArgument("db", "the database is read-only")
         return LabkitError(f"PostgreSQL error: {text}")
+
+
+def refusal(text: str, params: Any, fence: tuple | None) -> LabkitError:
+    """The labkit error for a fence trigger's fixed ``text``, as SQLite's triggers' are reported
+    (:mod:`labkit.db`); ``fence`` is the job's fence row from the trigger's DETAIL, or None."""
+    if text == "labkit: generation must be an integer":
+        return BadArgumentType("generation", "a fenced row's token must be an integer")
+    if text == "labkit: job_id must not be NULL":
+        return BadArgument("job_id", "a fenced row's job_id must not be NULL")
+    if text == "labkit: no fence row for this job":
+        return LabkitError("a protected row's job has no fence row: make it with Fence(db, job)")
+    if text == "labkit: a fence row is never deleted":
+        return LabkitError("job_fence: a protected database never deletes or renames a fence row")
+    if text == "labkit: generation was never issued":
+        return BadArgument(
+            "generation", f"is above every one this database's leases issued ({fence[1]})"
+        )
+    named = params if isinstance(params, Mapping) else {}  # values bound by position tell nothing
+    job = named.get("job_id", named.get("job"))
+    current = None if not fence or job is None else fence[1] if fence[0] == 0 else tuple(fence)
+    return StaleGeneration(named.get("generation"), current, job)
 
 
 def _bind(params: Any) -> Any:
@@ -264,14 +326,3 @@ class _Rows:
 
     def close(self) -> None:
         pass
-
-
-class _Known:
-    """Answers the core's one question about a refusal (the fence row) from the trigger's DETAIL;
-    PostgreSQL has aborted the transaction, so it cannot be asked again."""
-
-    def __init__(self, row: tuple | None) -> None:
-        self.row = row
-
-    def execute(self, sql: str, params: Any) -> _Rows:
-        return _Rows([self.row] if self.row else [], 0)

@@ -32,19 +32,22 @@ EVENTS = """SELECT id, extract(epoch FROM at)::float8, extract(epoch FROM began)
 TALLY = """SELECT student, count(*) FILTER (WHERE action = 'write' AND outcome = 'ok'),
     count(*) FILTER (WHERE action = 'write' AND outcome = 'rejected'),
     count(*) FILTER (WHERE action = 'pause'), max(id)
-    FROM labkit.events WHERE id > %s GROUP BY student"""
+    FROM labkit.events WHERE id > %s AND id <= %s GROUP BY student"""
 
 
 class Room:
     """The instructor's handle on a classroom: ``url`` is the superuser's (or a file holding it,
     as :func:`serve` writes it)."""
 
+    def __repr__(self) -> str:
+        return "<labkit classroom Room>"  # not the URL: it holds the superuser's password
+
     def __init__(self, url: str | os.PathLike) -> None:
         if isinstance(url, os.PathLike) or (isinstance(url, str) and os.path.isfile(url)):
             url = Path(url).read_text().strip()
         if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
             raise BadArgument("url", "must be the instructor's postgresql:// URL or its file")
-        self.conn = driver().connect(url, autocommit=True)
+        self.url, self.conn = url, driver().connect(url, autocommit=True)
         self.conn.execute("SET lock_timeout = '2s'")
 
     def close(self) -> None:
@@ -128,10 +131,11 @@ class Room:
             - make_interval(secs => %s) ORDER BY id"""
         return self.conn.execute(sql, [since, seconds]).fetchall()
 
-    def tally(self, since: int = 0) -> list[tuple]:
-        """Per student, counted by the server over the events after id ``since``:
-        ``(student, writes committed, stale writes refused, pauses, last id)``."""
-        return self.conn.execute(TALLY, [since]).fetchall()
+    def tally(self, since: int = 0, upto: int | None = None) -> list[tuple]:
+        """Per student, counted by the server over the events after id ``since`` up to ``upto``
+        (default: all): ``(student, writes committed, stale writes refused, pauses, last id)``."""
+        upto = 2**63 - 1 if upto is None else upto
+        return self.conn.execute(TALLY, [since, upto]).fetchall()
 
     def fence(self) -> int:
         """The generation the fence holds now."""
