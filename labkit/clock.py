@@ -60,8 +60,9 @@ class VirtualClock:
 
 
 class RealClock:
-    """``CLOCK_BOOTTIME`` on Linux: never set back, and counting suspend (``time.monotonic()``
-    stops while the machine sleeps); NTP slews its rate, and it restarts at boot."""
+    """Real time since boot, from ``CLOCK_BOOTTIME`` on Linux (never set back, counting suspend).
+
+    ``time.monotonic()`` stops while the machine sleeps; NTP slews the rate; it restarts at boot."""
 
     def now(self) -> float:
         """Return the clock's reading in seconds since boot."""
