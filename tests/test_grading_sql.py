@@ -181,8 +181,8 @@ ATTACKS = {
     "a gigabyte blob in the judge's memory": ["SELECT length(zeroblob(1000000000))"],
 }
 WRONG = {  # a wrong answer per task whose break a crash plan or a judge's table could hide
-    "03.1": "COMMIT in finally (what came before a crash is committed)",
-    "02.1": "no rollback when the insert fails (a crash inside)",
+    "03.1": "one fenced transaction per invoice (not all or nothing)",
+    "02.1": "on an error, keeps the fence raised (commits the raise alone), then re-raises",
     "02.2": "COMMIT in finally (the fence's raise outlives a crash)",
 }
 

@@ -56,7 +56,7 @@ def slider_points():
     """(scenario, knobs) for each slider of each scenario: its ends, its default and its middle."""
     lessons = lesson_sliders()
     for name, f in sorted(SCENARIOS.items()):
-        specs = {k: _default_spec(d) for k, d in f.knobs.items() if k in SLIDER_KNOBS}
+        specs = {k: _default_spec(k, d) for k, d in f.knobs.items() if k in SLIDER_KNOBS}
         specs = {k: v for k, v in specs.items() if v} | lessons.get(name, {})
         for knob, (low, high, _) in sorted(specs.items()):
             points = {low, high, (low + high) / 2, f.knobs[knob]}
