@@ -76,12 +76,17 @@ def test_the_sweep_covers_every_scenario_and_the_lessons_sliders():
     assert ("lock_wait", {"hold": 60}) in POINTS and ("lock_wait", {"ttl": 1}) in POINTS
 
 
-def test_no_protected_worker_commits_after_its_own_lease_ended():
-    """Across every slider's range, a protected run commits no effect begun after its own lease ended."""
+def test_no_protected_run_breaks_the_data_and_every_late_commit_is_a_warning():
+    """Across every slider's range, a protected run has no violation; where a lease shorter than
+    the work (ttl 0.5) makes a worker commit after its own lease ended, the fence let it through
+    because no successor had raised it, and the checker says so as a warning, never hides it."""
     for name, knobs in POINTS:
         run = SCENARIOS[name](protected=True, **knobs)
-        assert late_effects(run.history) == [], (name, knobs)
-        assert run.violations == () and run.warnings == (), (name, knobs, run.verdict)
+        assert run.violations == (), (name, knobs, run.verdict)
+        late = [w.event for w in run.warnings if w.kind == "acted_after_expiry"]
+        assert late == late_effects(run.history), (name, knobs)
+        if all(SCENARIOS[name].knobs[k] == v for k, v in knobs.items()):
+            assert late == [], (name, "at the lesson's own settings")
 
 
 def test_the_checker_flags_exactly_the_late_effects_of_naive_runs():
