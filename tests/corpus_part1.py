@@ -331,7 +331,7 @@ def charge_once(conn, job, key, invoice_id, amount, generation):
     "a constant: always None": ('''
 def charge_once(conn, job, key, invoice_id, amount, generation):
     return None
-''', "raises the fence", None),
+''', "charges exactly once", None),
     "the fence's row count ignored (a stale call charges)": (_CHARGE + _ONCE.format(
         refused="pass  # the UPDATE matched no row, but the charge goes on"), "is refused: it returns None", ("stale", "first")),
     "a new charge's id never returned (only a repeat gets it)": (_CHARGE + _ONCE.format(
@@ -427,7 +427,8 @@ def record_batch(conn, job, generation, invoices):
     except labkit.StaleGeneration:
         return False
     return True
-''', "leaves nothing behind", "all or nothing"),
+''', "writes become visible together", ("all or nothing", "equal")),  # B between two of its
+    # transactions (a boundary only the enumeration reaches) has its own batch refused halfway
     "a conditional UPDATE whose row count is ignored": (_UPSERT + '''
 def record_batch(conn, job, generation, invoices):
     conn.execute("BEGIN IMMEDIATE")

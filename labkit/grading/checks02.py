@@ -207,11 +207,12 @@ def _key(rng: Random, n: int) -> str:
 
 _RACE = "the repeat arrives just before the first attempt's statement {}"
 ONCE_HOSTILE = hostile(
-    "story at",
+    "story at each",
     ("the runner repeats a charge twice (same key, generation 8)", "repeat"),
     ("a stale charge is refused and leaves its key free for the owner", "stale"),
     ("a crash inside the transaction, then the retry", "crash"),
-    *((_RACE.format(n), "race", n) for n in range(1, 7)),
+    *((_RACE.format(n), "race", n) for n in range(1, 6)),
+    (_RACE.format(6) + ", and each later one it reaches", "race", 6, "at"),
     ("B (8) takes over and repeats A's finished charge", "successor"),
 )
 

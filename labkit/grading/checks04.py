@@ -172,15 +172,16 @@ def _cleanup_knobs(rng: Random) -> dict:
 
 _RENEWS = "a holder renews its unexpired lease just before the cleanup's"
 CLEANUP_HOSTILE = hostile(
-    "kinds earlier race at",
+    "kinds earlier race at each",
     ("the lesson's story: eight holders came and went, the last lease expired", "expired live", 7),
     ("a lease expires exactly at now; another a quarter second after", "boundary edge expired", 3),
     ("nothing has expired: only unexpired leases of several names", "live edge live", 2),
     ("released leases (counters without a lease row) next to an expired one",
      "released expired released", 4),
-    *((f"{_RENEWS} statement {n}", "edge late expired", 2, "renew", n) for n in (1, 2, 3, 4)),
+    *((f"{_RENEWS} statement {n}", "edge late expired", 2, "renew", n, "at" if n == 4 else None)
+      for n in (1, 2, 3, 4)),
     *((f"the expired holder acquires again just before the cleanup's statement {n}",
-       "boundary live expired", 3, "reacquire", n) for n in (1, 2, 3)),
+       "boundary live expired", 3, "reacquire", n, "at" if n == 3 else None) for n in (1, 2, 3)),
 )  # fmt: skip
 CLEANUP_PROPS = {
     "expired deleted": "every lease that has expired at now (now >= expires_at) is deleted",

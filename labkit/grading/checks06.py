@@ -40,7 +40,7 @@ def _release_knobs(rng: Random) -> dict:
 
 
 RELEASE_HOSTILE = hostile(
-    "story before inject_at",
+    "story before inject_at each",
     ("A releases its own live lease", "own", 0, 0),
     ("A's late release arrives after B took over", "successor", 6, 0),
     ("A restarted and re-acquired; the old A's late release arrives", "same_owner_again", 2, 0),
@@ -49,7 +49,13 @@ RELEASE_HOSTILE = hostile(
     ("nothing is held", "nothing", 1, 0),
     ("B takes over just before the release's 1st statement", "race", 1, 1),
     ("B takes over just before the release's 2nd statement", "race", 4, 2),
-    ("B takes over just before the release's 3rd statement", "race", 0, 3),
+    (
+        "B takes over just before the release's 3rd statement, and each later one",
+        "race",
+        0,
+        3,
+        "inject_at",
+    ),
 )
 
 

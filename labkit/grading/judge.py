@@ -21,6 +21,7 @@ from labkit.clock import RealClock
 from labkit.grading import lab, wire
 from labkit.grading.policy import JUDGES, SQL, allow, authorizer, lendable
 from labkit.grading.sandbox import Jail, sandboxed
+from labkit.grading.verdicts import Refused
 
 __all__ = ["Sandbox", "RemoteAnswer", "Refused", "judge", "attempt", "sandboxed"]
 
@@ -29,11 +30,6 @@ __all__ = ["Sandbox", "RemoteAnswer", "Refused", "judge", "attempt", "sandboxed"
 TASK_LIMIT, CLOCK = 3, RealClock()
 #: one statement of the answer's may run this long (s) before SQLite interrupts it
 STATEMENT_LIMIT = 2.0
-
-
-class Refused(BaseException):
-    """The answer's process broke the rules of the boundary: it died, went silent, took too long
-    or sent what is not a plain value. A BaseException, so that no trial's ``except`` eats it."""
 
 
 class Sandbox(wire.Peer):
@@ -221,7 +217,7 @@ def judge(items: list[tuple], tasks=None, *, hide=(), timeout: float = 30.0) -> 
     sandbox, and each task (of ``tasks``; None: all) at its last check. Returns
     ``{task: Report}``. A sandbox an answer broke is replaced and the cells run again;
     after a cell that does not finish within ``timeout``, every later task fails."""
-    from labkit.grading import refused, tasks_loaded
+    from labkit.grading.verdicts import refused, tasks_loaded
 
     last = {item[1]: i for i, item in enumerate(items) if item[0] == "check"}
     wanted = [t for t in last if tasks is None or t in tasks]
@@ -271,9 +267,9 @@ def _cell(box: Sandbox, source: str, number: int) -> bool:
 
 def attempt(box: Sandbox, task_id: str, name: str):
     """Judge the answer ``name`` in ``box`` (its cells run) for ``task_id``: its Report."""
-    from labkit.grading import TASKS, refused, verdict
+    from labkit.grading.verdicts import refused, tasks_loaded, verdict
 
-    task = TASKS.get(task_id)
+    task = tasks_loaded().get(task_id)
     if task is None:
         return refused(task_id, "no such task", name)
     box.deadline = CLOCK.now() + TASK_LIMIT * box.timeout
@@ -296,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     items = program(json.loads(sys.stdin.read()))
     if name and (not items or items[-1][:2] != ("check", task)):
         items.append(("check", task, name[0]))
-    from labkit.grading import refused
+    from labkit.grading.verdicts import refused
 
     report = judge(items, {task}).get(task) or refused(task, f"no check of {task}")
     print(json.dumps(report.to_json()))

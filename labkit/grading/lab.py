@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -42,7 +43,8 @@ class Schedule:
 
     @property
     def rng(self) -> Random:
-        return Random(self.seed)
+        """Seeded with the seed, or with knob ``inputs`` (a boundary of a row keeps its inputs)."""
+        return Random(self.knobs.get("inputs", self.seed))
 
 
 def hostile(columns: str, *rows: tuple) -> list[dict]:
@@ -98,29 +100,51 @@ def scratch():
         shutil.rmtree(lab.folder, ignore_errors=True)
 
 
-class Tracer:
-    """Records the SQL one connection sends (in ``sql``); runs ``action`` just before its ``at``-th statement.
+#: a statement's literals (strings, numbers) and made-up names (sqlite-utils' savepoints):
+#: a boundary is named by what the call does there, the same in every run
+LITERALS = re.compile(r"'(?:[^']|'')*'|\b\w*[0-9a-f]{8,}\w*\b|\b\d+(?:\.\d+)?\b")
 
-    Trigger echoes and re-prepares do not count. ``action()``'s result is kept in
-    ``result``; SQLite's trace callback swallows exceptions, so actions catch their own.
+
+def boundary(sql: str, seen: dict) -> str:
+    """The name of the boundary before ``sql``: its text with literals as ``?``, and how many
+    statements of that text the call sent before (``seen`` counts them), e.g. ``"COMMIT#1"``."""
+    text = " ".join(LITERALS.sub("?", sql).split())[:200]
+    seen[text] = seen.get(text, 0) + 1
+    return f"{text}#{seen[text]}"
+
+
+class Tracer:
+    """Records the SQL one connection sends (in ``sql``); runs ``action`` just before its
+    ``at``-th statement, or before the statement whose :func:`boundary` is ``at`` (a string).
+
+    Trigger echoes and re-prepares do not count. Until the action runs, each boundary the call
+    reaches is reported to the running schedule (:data:`RIVAL`). ``action()``'s result is kept
+    in ``result``; SQLite's trace callback swallows exceptions, so actions catch their own.
     """
 
     def __init__(self, db) -> None:
         self.sql: list[str] = []
-        self.at, self.action, self.result = 0, None, None
+        self.at, self.action, self.result, self.seen = 0, None, None, {}
         db.conn.set_trace_callback(self)
 
     def __call__(self, sql) -> None:
         if not isinstance(sql, str) or sql.startswith("--") or (self.sql and self.sql[-1] == sql):
             return
         self.sql.append(sql)
-        if self.action is not None and len(self.sql) == self.at:
+        if self.action is None:
+            return
+        name, rival = boundary(sql, self.seen), RIVAL[-1] if RIVAL else {}
+        rival.setdefault("keys", []).append(name)
+        if len(self.sql) == self.at or name == self.at:
             action, self.action = self.action, None
+            rival["came"] = True  # the call reached the rival's boundary
             self.result = action()
 
-    def before(self, n: int, action) -> None:
-        """Run ``action()`` just before the ``n``-th statement from now (1 = the next one)."""
-        self.at, self.action, self.result = len(self.sql) + n, action, None
+    def before(self, n, action) -> None:
+        """Run ``action()`` just before the ``n``-th statement from now (1 = the next one), or
+        before the boundary named ``n``."""
+        self.at = len(self.sql) + n if isinstance(n, int) else n
+        self.action, self.result, self.seen = action, None, {}
 
 
 @contextlib.contextmanager
@@ -147,6 +171,8 @@ def between_statements(db, at: int, action):
         db.conn.set_trace_callback(None)
 
 
+#: the schedule running now (verdict's): whether its rival came before a statement of the call
+RIVAL: list[dict] = []
 #: id(connection) -> whether its worker's process is dead (the judge's own progress handler,
 #: which bounds the answer's statements, keeps interrupting a dead worker's statements)
 DYING: dict[int, Callable[[], bool]] = {}

@@ -334,13 +334,18 @@ def fenced_trial(answer, schedule: Schedule, history: list, batch: bool) -> None
 
 
 FENCED_HOSTILE = hostile(
-    "story at",
+    "story at each",
     ("the lesson's story: A writes with 7, B commits 8 (twice), A's 7 comes back", "lesson"),
     ("B arrives before A's first statement", "race", 1),
     ("A checks the fence, then stops before its 2nd statement; B commits 8", "race", 2),
     ("A stops inside its transaction (before statement 3); B arrives", "race", 3),
     ("A stops before its 4th statement; B arrives", "race", 4),
-    ("A stops before its 5th statement; B arrives", "race", 5),
+    (
+        "A stops before its 5th statement, and each later one its call reaches; B arrives",
+        "race",
+        5,
+        "at",
+    ),
     ("a crash inside the transaction, then the same write again", "crash"),
     ("two jobs, each with its own fence", "two jobs"),
 )
