@@ -60,8 +60,10 @@ class VirtualClock:
 
 
 class RealClock:
-    """``CLOCK_BOOTTIME`` on Linux: never set back, and counting suspend (``time.monotonic()``
-    stops while the machine sleeps); NTP slews its rate, and it restarts at boot."""
+    """The machine's deadline clock: ``CLOCK_BOOTTIME`` on Linux, which is never set back.
+
+    It counts suspend (``time.monotonic()`` stops while the machine sleeps); NTP slews its rate,
+    and it restarts at boot."""
 
     def now(self) -> float:
         """Return the clock's reading in seconds since boot."""

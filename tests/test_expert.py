@@ -268,3 +268,10 @@ def test_the_protected_lock_wait_commits_late_without_harm_and_the_naive_rings_s
     naive = raise_then_read(protected=False, gap=5, pause=12)
     assert [(v.kind, v.event.worker, v.event.time) for v in naive.violations] == [("lost_update", "A", 12.0)]
     assert naive.verdict.startswith("A's late write of INV-1")
+
+
+# 5. a token is not a credential ------------------------------------------------------------------
+def test_lesson_03_and_the_readme_say_a_token_is_not_a_credential():
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "A token is not a credential" in readme and "above the last generation issued" in readme
+    assert "not a credential" in prose("notebooks", "03") and "epoch` column" in prose("notebooks", "03")
