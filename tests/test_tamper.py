@@ -401,7 +401,8 @@ for name in ("LabkitError", "StaleGeneration", "BadArgument"):
         conn.execute("COMMIT")
         return True
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.conn.in_transaction:  # a full disk: SQLite has already rolled back
+            conn.execute("ROLLBACK")
         raise
 """,
     "a right answer on labkit.Fence(...).guard": """
