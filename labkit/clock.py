@@ -60,9 +60,10 @@ class VirtualClock:
 
 
 class RealClock:
-    """Real time since boot, from ``CLOCK_BOOTTIME`` on Linux (never set back, counting suspend).
+    """The machine's deadline clock: ``CLOCK_BOOTTIME`` on Linux, which is never set back.
 
-    ``time.monotonic()`` stops while the machine sleeps; NTP slews the rate; it restarts at boot."""
+    It counts suspend (``time.monotonic()`` stops while the machine sleeps); NTP slews its rate,
+    and it restarts at boot."""
 
     def now(self) -> float:
         """Return the clock's reading in seconds since boot."""

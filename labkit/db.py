@@ -153,6 +153,8 @@ def _refusal(text: str, conn: sqlite3.Connection, params: Any) -> LabkitError:
         return BadArgument("job_id", "a fenced row's job_id must not be NULL")
     if text == "labkit: no fence row for this job":
         return LabkitError("a protected row's job has no fence row: make it with Fence(db, job)")
+    if text == "labkit: token never issued":
+        return BadArgument("generation", "a protected row's token is above every one issued")
     if text == "labkit: a fence row is never deleted":
         return LabkitError("job_fence: a protected database never deletes or renames a fence row")
     if text == "labkit: generation was never issued":

@@ -68,11 +68,12 @@ class Fence:
     def protect(self, table: str, column: str = "generation") -> None:
         """Install triggers (PL/pgSQL on PostgreSQL) so ``table`` refuses stale rows from anyone.
 
-        Covered: an ``INSERT`` or ``UPDATE`` whose row carries in ``column`` an int below its
-        ``job_id``'s fence is aborted whole; a row written, or already there, raises that fence; a
-        row without an int token, a job or a fence row is refused; no fence row is lowered, renamed
-        or deleted. Not covered: an ``UPDATE`` leaving ``column`` unchanged, ``DELETE``, ``DROP``.
-        """
+        A row's token is ``(epoch, column)`` (``epoch`` 0 if the table has no such column), and
+        compares with its ``job_id``'s fence as in :meth:`guard`. Refused whole: a row whose token
+        is below the fence, or above the last this database's lease authority issued for the job
+        (if any: elsewhere a token is no credential), or not ints, or without a job or fence row.
+        A row raises its fence; no fence row is lowered, renamed or deleted. Not covered: an
+        ``UPDATE`` leaving the token unchanged, ``DELETE``, ``DROP``."""
         table, column = check_name(table, "table"), check_name(column, "column")
         if table.lower() in _OWN_TABLES:
             raise BadArgument("table", f"{table!r} is one of labkit's own tables")
@@ -86,10 +87,11 @@ class Fence:
             raise BadArgument("table", f"{table!r} has no job_id column, the fenced job of a row")
         if column.lower() not in columns:
             raise BadArgument("column", f"{table!r} has no column {column!r}")
-        quoted = {"table": quote(table), "column": quote(column)}
+        epoch = 'NEW."epoch"' if "epoch" in columns else "0"  # the row's epoch, in the triggers
+        quoted = {"table": quote(table), "column": quote(column), "epoch": epoch}
         with transaction(self.db):
             for statement in _ONCE:
-                execute(self.db, statement.format(**quoted))
+                execute(self.db, statement.format(**quoted, rows=epoch.replace("NEW", "t")))
             for event in ("INSERT", "UPDATE"):
                 for when, trigger in (("check", _CHECK_ROW), ("raise", _RAISE_FENCE)):
                     name = quote(f"labkit_fence:{len(table)}:{table}:{column}:{event}:{when}")
@@ -110,13 +112,10 @@ def show(pair: tuple[int, int]) -> int | tuple[int, int]:
     return pair[1] if pair[0] == 0 else tuple(pair)
 
 
-class _Block:
+class _Block(contextlib.AbstractContextManager):
     """The ``with`` block that made a :class:`Tx`: open until it exits."""
 
     open = True
-
-    def __enter__(self) -> _Block:
-        return self
 
     def __exit__(self, *exc_info) -> None:
         self.open = False
@@ -185,18 +184,17 @@ def check_tx(tx, db, job: str | None) -> Tx:
     return tx
 
 
-# --- what Fence.protect installs ------------------------------------------------------------------
-# Only quoted identifiers are formatted in (a trigger takes no parameters); the RAISE texts are
-# fixed, and labkit.db turns them into labkit's errors.
-
+# --- what Fence.protect installs: only quoted identifiers are formatted in (a trigger takes no
+# parameters); the RAISE texts are fixed, and labkit.db turns them into labkit's errors.
 _OWN_TABLES = {"job_fence", "lease_counter", "leases", "idempotency_keys"}
 _ONCE = (
-    # the rows already there raise their jobs' fences (never lowering one)
-    """INSERT INTO job_fence(job_id, epoch, generation)
-    SELECT t.job_id, 0, max(t.{column}) FROM {table} AS t LEFT JOIN job_fence AS f USING (job_id)
-    WHERE typeof(t.{column}) = 'integer' AND t.job_id IS NOT NULL AND ifnull(f.epoch, 0) = 0
-    GROUP BY t.job_id HAVING f.job_id IS NULL OR max(t.{column}) > f.generation
-    ON CONFLICT(job_id) DO UPDATE SET generation = excluded.generation""",
+    # the rows already there raise their jobs' fences to their highest token (never lowering one)
+    """INSERT INTO job_fence(job_id, epoch, generation) SELECT job_id, e, g FROM (
+        SELECT t.job_id, {rows} AS e, t.{column} AS g, row_number() OVER (PARTITION BY t.job_id
+        ORDER BY {rows} DESC, t.{column} DESC) AS r FROM {table} AS t WHERE t.job_id IS NOT NULL
+        AND typeof(t.{column}) = 'integer' AND typeof({rows}) = 'integer') WHERE r = 1
+    ON CONFLICT(job_id) DO UPDATE SET epoch = excluded.epoch, generation = excluded.generation
+    WHERE (excluded.epoch, excluded.generation) > (epoch, generation)""",
     # the fence rows themselves: never lower, never renamed or deleted, never replaced lower
     """CREATE TRIGGER IF NOT EXISTS labkit_fence_never_lower BEFORE UPDATE ON job_fence
     BEGIN SELECT CASE
@@ -212,25 +210,24 @@ _ONCE = (
     BEGIN SELECT RAISE(ABORT, 'labkit: stale generation'); END""",
 )
 
-# Before a row is written, judge it.
 _CHECK_ROW = """
 CREATE TRIGGER IF NOT EXISTS {name} BEFORE {event} ON {table}
 BEGIN
     SELECT CASE
-        WHEN typeof(NEW.{column}) <> 'integer'
+        WHEN typeof(NEW.{column}) <> 'integer' OR typeof({epoch}) <> 'integer'
             THEN RAISE(ABORT, 'labkit: generation must be an integer')
         WHEN NEW.job_id IS NULL THEN RAISE(ABORT, 'labkit: job_id must not be NULL')
         WHEN NOT EXISTS (SELECT 1 FROM job_fence WHERE job_id = NEW.job_id)
             THEN RAISE(ABORT, 'labkit: no fence row for this job')
-        WHEN (0, NEW.{column}) < (SELECT epoch, generation FROM job_fence WHERE job_id = NEW.job_id)
-            THEN RAISE(ABORT, 'labkit: stale generation')
+        WHEN ({epoch}, NEW.{column}) < (SELECT epoch, generation FROM job_fence WHERE job_id =
+            NEW.job_id) THEN RAISE(ABORT, 'labkit: stale generation')
+        WHEN ({epoch}, NEW.{column}) > (SELECT 0, generation FROM lease_counter WHERE name =
+            NEW.job_id) THEN RAISE(ABORT, 'labkit: token never issued')
     END;
-END"""
-
-# After a row really was written (INSERT OR IGNORE may skip it), raise its fence.
+END"""  # before a row is written, judge it; after it really was (INSERT OR IGNORE), raise its fence
 _RAISE_FENCE = """
 CREATE TRIGGER IF NOT EXISTS {name} AFTER {event} ON {table}
 BEGIN
-    UPDATE job_fence SET generation = NEW.{column}
-    WHERE job_id = NEW.job_id AND epoch = 0 AND generation < NEW.{column};
+    UPDATE job_fence SET epoch = {epoch}, generation = NEW.{column}
+    WHERE job_id = NEW.job_id AND (epoch, generation) < ({epoch}, NEW.{column});
 END"""

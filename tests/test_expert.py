@@ -268,3 +268,55 @@ def test_the_protected_lock_wait_commits_late_without_harm_and_the_naive_rings_s
     naive = raise_then_read(protected=False, gap=5, pause=12)
     assert [(v.kind, v.event.worker, v.event.time) for v in naive.violations] == [("lost_update", "A", 12.0)]
     assert naive.verdict.startswith("A's late write of INV-1")
+
+
+# 5. a token is not a credential ------------------------------------------------------------------
+def test_lesson_03_and_the_readme_say_a_token_is_not_a_credential():
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "A token is not a credential" in readme and "above the last generation issued" in readme
+    assert "not a credential" in prose("notebooks", "03") and "epoch` column" in prose("notebooks", "03")
+
+
+# lesson 00 opens with Kleppmann's split; lesson 09 asks it of every incident ----------------------
+def test_lesson_00_opens_with_efficiency_or_correctness_and_lesson_09_asks_it_of_every_incident():
+    first = " ".join(cells("notebooks", "00")["3f249bcb"]["source"].split())
+    assert first.index("**efficiency**") < first.index("**correctness**") < first.index("family of bugs")
+    assert "needs no fence" in first and "never go backwards" in first
+    review = " ".join(cells("notebooks", "09")["7d09cdf6"]["source"].split())
+    assert "efficiency or for correctness" in review
+    from labkit.grading.checks09 import INCIDENTS
+    assert all(f"`{name}`" in review for name in INCIDENTS)
+
+
+# Chubby's two answers, as runs --------------------------------------------------------------------
+def test_lock_delay_keeps_a_straggler_out_of_the_successors_term_at_the_cost_of_idle_time():
+    """No delay: B sends at 10, A's straggler lands at 14 (two emails). Delay 20: it lands first and B
+    sends none (one email), but nobody works from 10 to 30. A straggler slower than the delay still
+    lands in B's term. A released lease is free at once; an expired one only after the delay."""
+    from labkit.mechanisms.chubby import LockDelay, straggler
+
+    assert straggler(0, 9) == {"emails": [(10.0, "B"), (14.0, "A")], "b_granted": 10.0, "idle": 0.0}
+    assert straggler(20, 9) == {"emails": [(14.0, "A")], "b_granted": 30.0, "idle": 20.0}
+    assert straggler(20, 40)["emails"] == [(30.0, "B"), (45.0, "A")]
+    clock = labkit.VirtualClock()
+    locks = LockDelay(labkit.LeaseAuthority(labkit.connect(":memory:"), clock), delay=20)
+    locks.authority.release(locks.try_acquire("job", "A", 10))
+    b = locks.try_acquire("job", "B", 10)
+    assert b is not None
+    clock.advance(12)
+    assert locks.try_acquire("job", "C", 10) is None and locks.free_at("job") == 30.0
+    clock.advance(18)
+    assert locks.try_acquire("job", "C", 10).generation == b.generation + 1
+    assert "nobody works for 20 s" in output(cells("notebooks", "08")["e5f9c2d8"])
+
+
+def test_a_sequencer_check_refuses_a_stale_holder_but_not_one_that_goes_stale_after_the_answer():
+    """The lesson's run: asked at 9.5 the lock service says A is current, B takes over at 10.5, and both
+    emails go out; asked afterwards, it says no."""
+    from labkit.mechanisms.chubby import is_current
+
+    namespace = {"labkit": labkit, "EmailProvider": EmailProvider, "is_current": is_current}
+    exec(cells("notebooks", "08")["a7b1e4f0"]["source"].replace("# NBVAL_CHECK_OUTPUT\n", ""), namespace)
+    assert namespace["a_is_current"] is True and not is_current(namespace["authority"], namespace["a"])
+    assert [r["payload"]["body"] for r in namespace["mail"].records()] == ["from B", "from A"]
+    assert output(cells("notebooks", "08")["a7b1e4f0"]).strip() == "(True, False, ['from B', 'from A'])"

@@ -539,3 +539,84 @@ def test_a_bare_writer_waits_for_an_open_guard_then_is_judged_by_the_committed_f
     thread.join()
     assert outcome == ["labkit: stale generation"]
     assert invoices(db) == [("job", "INV-9", 1, 9)] and fence.current() == 9
+
+
+# --- Fence.protect with epochs, and tokens that were never issued (issue 24) ----------------------
+
+@pytest.fixture
+def sqlite_db(tmp_path):
+    """A SQLite file: the rules below are SQLite's triggers (PostgreSQL's mirror them in issue 25)."""
+    return labkit.connect(str(tmp_path / "protect.db"))
+
+
+EPOCH_TABLE = """CREATE TABLE reports (job_id TEXT NOT NULL, name TEXT NOT NULL, body TEXT,
+    epoch INTEGER NOT NULL, generation INTEGER NOT NULL, PRIMARY KEY (job_id, name))"""
+REPORT = "INSERT OR REPLACE INTO reports VALUES (?, ?, ?, ?, ?)"
+
+
+def test_a_protected_table_with_an_epoch_column_compares_tokens_as_guard_does(sqlite_db):
+    """Rows carry (epoch, generation): after guard((1, 1)) the epoch-1 holder's own row passes, a bypassing
+    writer's (0, 900) and (1, 0) are refused, and (1, 2) raises the fence to (1, 2)."""
+    db = sqlite_db
+    dump = lambda: (execute(db, "SELECT * FROM job_fence ORDER BY 1"), execute(db, "SELECT * FROM invoices ORDER BY 1, 2"), execute(db, "SELECT * FROM reports ORDER BY 1, 2") if "reports" in db.table_names() else None)
+    execute(db, EPOCH_TABLE)
+    fence = Fence(db, "invoice-run")
+    fence.protect("reports")
+    with fence.guard(900) as tx:
+        tx.execute(REPORT, ("invoice-run", "r", "old", 0, 900))
+    with fence.guard((1, 1)) as tx:
+        tx.execute(REPORT, ("invoice-run", "r", "new", 1, 1))      # the rightful epoch-1 holder
+    before = dump()
+    for stale in ((0, 900), (0, 10 ** 9), (1, 0)):
+        with pytest.raises(StaleGeneration):
+            execute(db, REPORT, ("invoice-run", "r", "bypass", *stale))
+    assert dump() == before and fence.current() == (1, 1)
+    execute(db, REPORT, ("invoice-run", "s", "next", 1, 2))
+    assert fence.current() == (1, 2)
+    with pytest.raises(StaleGeneration):
+        with fence.guard((1, 1)):
+            pass
+
+
+def test_protect_raises_each_fence_to_the_highest_epoch_pair_already_stored(sqlite_db):
+    """Rows already in an epoch table raise their jobs' fences to their highest (epoch, generation)."""
+    db = sqlite_db
+    execute(db, EPOCH_TABLE)
+    for row in (("a", "x", "", 0, 50), ("a", "y", "", 2, 3), ("a", "z", "", 1, 99), ("b", "x", "", 0, 4)):
+        execute(db, REPORT, row)
+    Fence(db, "a").protect("reports")
+    assert (Fence(db, "a").current(), Fence(db, "b").current()) == ((2, 3), 4)
+
+
+def test_where_the_authority_lives_a_token_never_issued_is_refused(sqlite_db, clock):
+    """The lease authority in the same file has issued 1..7: a bypassing writer's 10**9 (or 8, not yet
+    issued) is refused and the fence stays; once 8 is issued, its holder writes."""
+    db = sqlite_db
+    dump = lambda: (execute(db, "SELECT * FROM job_fence ORDER BY 1"), execute(db, "SELECT * FROM invoices ORDER BY 1, 2"), execute(db, "SELECT * FROM reports ORDER BY 1, 2") if "reports" in db.table_names() else None)
+    leases = labkit.LeaseAuthority(db, clock)
+    a = generation_seven(leases)
+    fence = Fence(db, "invoice-run")
+    fence.protect("invoices")
+    with fence.guard(a.generation) as tx:
+        tx.execute(INSERT, ("invoice-run", "INV-1", 100, 7))
+    before = dump()
+    for forged in (10 ** 9, 8):
+        with pytest.raises(labkit.BadArgument, match="above every one issued"):
+            execute(db, INSERT, ("invoice-run", "INV-2", 1, forged))
+    assert dump() == before and fence.current() == 7
+    clock.advance(11)
+    b = leases.acquire("invoice-run", "B", ttl=10)
+    execute(db, INSERT, ("invoice-run", "INV-2", 120, b.generation))
+    assert fence.current() == 8
+
+
+def test_where_no_authority_lives_a_token_is_no_credential(db):
+    """Without the authority's counter in this file, protect cannot tell a forged token: 10**9 lands and
+    raises the fence for good (the README and lesson 03 say so)."""
+    fence = Fence(db, "invoice-run")
+    fence.protect("invoices")
+    execute(db, INSERT, ("invoice-run", "INV-1", 1, 10 ** 9))
+    assert fence.current() == 10 ** 9
+    with pytest.raises(StaleGeneration):
+        with fence.guard(8):
+            pass

@@ -234,3 +234,20 @@ def test_an_epoch_is_taken_once_by_whoever_saw_the_last_one(tmp_path):
     with pytest.raises(LabkitError, match="epoch 1 of 'run' is not the last"):
         take_epoch(db, "run", 1)
     assert list(db["redis_epochs"].rows) == [{"name": "run", "epoch": 2}]
+
+
+@needs_redis
+def test_the_failover_loses_the_lease_too_and_only_the_fence_stops_the_damage(runs):
+    """On a real Redis the promoted replica never saw A's SET NX PX either: B is granted the lease while
+    A's still runs (two holders at once), in both runs; unprotected both hold 7 and A's late write lands,
+    protected B's (2, 7) is above A's (1, 7) and the fence refuses A's write. The text says so, and that
+    WAIT does not make Redis strongly consistent."""
+    for protected, run in runs[0].items():
+        b_granted, a_ends = run.overlap
+        assert b_granted < a_ends
+        late = [v for w, inv, _, v in run.verdicts if w == "A" and inv == "INV-2"]
+        assert late == (["rejected"] if protected else ["ok"])
+        assert "the lease was lost too" in run.text and "two holders at once" in run.text
+        assert "does not make Redis strongly consistent" in run.text
+        assert run.reissued is not protected
+    assert "(the fence stopped it)" in runs[0][True].text

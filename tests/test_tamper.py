@@ -401,7 +401,7 @@ for name in ("LabkitError", "StaleGeneration", "BadArgument"):
         conn.execute("COMMIT")
         return True
     except BaseException:
-        if conn.conn.in_transaction:  # after a real full disk SQLite has rolled back by itself
+        if conn.conn.in_transaction:  # a full disk: SQLite has already rolled back
             conn.execute("ROLLBACK")
         raise
 """,

@@ -3,8 +3,9 @@
 A lease is ``SET lease NX PX ttl`` and its token ``INCR`` on a counter, in one script on the
 primary. :func:`story` plays it on a throwaway primary and replica (``redis_pair``): token 6
 is on the replica; the link stalls; A takes 7, which ``WAIT`` says no replica has; the primary
-is SIGKILLed and the replica promoted; B takes 7 again. The fence at the resource (SQLite)
-passes both, since equal tokens pass. With ``protected``, each primary also carries an epoch
+is SIGKILLed and the replica promoted; B takes 7 again, and the lease too, at once: the replica
+never saw A's ``SET NX PX`` either, so two holders act at the same time. The fence at the
+resource (SQLite) passes both, since equal tokens pass. With ``protected``, each primary also carries an epoch
 from a durable authority (a SQLite row of its own), tokens are ``(epoch, counter)``, and A's
 late ``(1, 7)`` is below B's ``(2, 7)``. Real time is read on purpose, through the clock.
 """
@@ -64,19 +65,35 @@ class RedisStory:
         return self.a_token == self.b_token
 
     @property
+    def overlap(self) -> tuple[float, float] | None:
+        """``(when B was granted, when A's lease ends)`` if B got the lease while A's still ran:
+        the promoted replica had never seen A's ``SET NX PX`` either (the lease is lost too)."""
+        grants = {s.worker: s for s in self.steps if s.action == "acquire" and s.outcome == "ok"}
+        a, b = grants.get("A"), grants.get("B")
+        return (b.time, a.until) if a and b and b.time < a.until else None
+
+    @property
     def text(self) -> str:
         """The story in a few lines."""
         seen = next(s.generation for s in self.steps if s.action == "replicated")
         writes = "; ".join(f"{w} {inv} with {t}: {v}" for w, inv, t, v in self.verdicts)
         twice = f"✗ two holders with one token, {self.a_token}" if self.reissued else (
             f"✓ B's {self.b_token} is above A's {self.a_token}")  # fmt: skip
+        both = self.overlap and (
+            f"✗ the lease was lost too: B was granted at t={self.overlap[0]:.2f} s while A's lease "
+            f"ran to t={self.overlap[1]:.2f} s: two holders at once")  # fmt: skip
+        late = next((v for w, inv, _, v in self.verdicts if w == "A" and inv == "INV-2"), "")
+        stopped = f"A's late write: {late}" + (
+            " (the fence stopped it)" if late == "rejected" else ""
+        )
         return "\n".join([
             f"servers in sync in {self.start_seconds:.2f} s",
             f"the replica has token {seen}: WAIT 1 on the writer's connection → {self.replicated}",
-            f"link stalled; A is granted {self.a_token}; WAIT 1 on A's connection → {self.waited}",
+            f"link stalled; A is granted {self.a_token}; WAIT 1 on A's connection → {self.waited}"
+            " (WAIT only counts acknowledgements: it does not make Redis strongly consistent)",
             "primary SIGKILLed; replica promoted (REPLICAOF NO ONE)",
             f"B is granted {self.b_token} on the promoted replica",
-            f"at the fenced resource: {writes}", twice,
+            f"at the fenced resource: {writes}", twice, *([both] if both else []), stopped,
             f"the whole run took {self.total_seconds:.2f} s",
         ])  # fmt: skip
 

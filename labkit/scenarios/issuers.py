@@ -5,6 +5,7 @@
 (['lost_update'], ['acted_after_expiry'], ())
 """
 
+from labkit.db import execute, transaction
 from labkit.errors import check_number
 from labkit.mechanisms.issuers import EpochAuthority, EpochIssuer, ReplicatedIssuer, backup, restore
 from labkit.sim.engine import scenario
@@ -22,9 +23,21 @@ def _reissued(history, violations, tables) -> str | None:
         if e.action == "acquire" and e.outcome == "ok":
             owners.setdefault(e.generation, []).append(e.worker)
     twice = [f"{g} went to {' and '.join(ws)}" for g, ws in owners.items() if len(ws) > 1]
+    grants = [e for e in history if e.action == "acquire" and e.outcome == "ok"]
+    both = [  # a grant while another worker's lease still ran: mutual exclusion lost
+        f"Two holders at once: {b.worker} from t={b.time:g}, {a.worker}'s lease to t={a.until:g}. "
+        for a, b in zip(grants, grants[1:])
+        if a.worker != b.worker and a.until is not None and b.time < a.until
+    ]
     locked_out = [e for e in history if e.action == "raise" and e.outcome == "rejected"]
-    head = (f"token {'; '.join(twice)}. " if twice else "") + (
-        f"{locked_out[0].worker} was locked out by an older, higher token. " if locked_out else ""
+    head = (
+        (f"token {'; '.join(twice)}. " if twice else "")
+        + "".join(both)
+        + (
+            f"{locked_out[0].worker} was locked out by an older, higher token. "
+            if locked_out
+            else ""
+        )
     )
     return head + describe(history, violations) if head else None
 
@@ -51,7 +64,11 @@ def _successor(w, ttl, take, poll=None):
 
 @scenario
 def issuer_failover(sim, *, protected, lag=5.0, failover_at=2.0, pause=30.0, ttl=10.0):
-    """Lesson 04: a token counter fails over to a lagging replica and repeats; an epoch stops it."""
+    """Lesson 04: a token counter fails over to a lagging replica and repeats; an epoch stops it.
+
+    The lease record replicates with the same ``lag`` (Redis's ``SET NX PX`` does): a failover
+    before A's grant reached the replica loses A's lease too, and B acquires at once while A is
+    alive. Two holders act at the same time; only the fence at the resource stops A's write."""
     with_tokens(sim)
     primary, replica = sim.database("primary"), sim.database("replica")
     warm = ReplicatedIssuer(primary, replica, sim.clock, LEASE, lag=0)
@@ -66,13 +83,17 @@ def issuer_failover(sim, *, protected, lag=5.0, failover_at=2.0, pause=30.0, ttl
         yield sim.env.timeout(failover_at)
         lost = issuer.failover()
         sim.record("ops", "failover", target=f"primary lost, {lost} token(s) in flight")
+        if lag > failover_at:  # A's grant at t=0 had not reached the replica either
+            with transaction(sim.authority.db):
+                execute(sim.authority.db, "DELETE FROM leases WHERE name = ?", (LEASE,))
+            sim.record("ops", "failover", target="A's lease lost with the primary")
         if protected:
             epoch = issuer.issuer().start_epoch(durable)
             sim.record("ops", "failover", generation=(epoch, 0), target="new epoch")
 
     sim.env.process(ops())
     sim.start(sim.worker("A", pauses={"after-write": pause}), _holder, ttl, issuer.issue)
-    sim.start(sim.worker("B"), _successor, ttl, issuer.issue)
+    sim.start(sim.worker("B"), _successor, ttl, issuer.issue, poll=0.5)
     return _reissued
 
 
