@@ -2,7 +2,8 @@
 bounded. While it runs, four other students' workers keep working (none goes 2 s without an
 event in the server's log, none dies), and ``reset()`` afterwards takes under 2 s.
 
-One server for the module, with its watchdog; each attack runs about 2 s."""
+One server for the module, with its watchdog. An attack the server bounds runs 2.2 s (longer
+than the 2 s a worker may go silent); one it refuses outright runs 0.6 s."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tests import engines
 WORKERS = ("ana", "ben", "cai", "dan")
 SEATS = 8
 ATTACK = 2.2  # seconds: longer than the 2 s a worker may go without an event
+REFUSED = 0.6  # seconds, for an attack refused at once: the workers still go on meanwhile
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +59,7 @@ def sqlstate(conn, statement, params=()):
 class Attack:
     """The room under attack: the workers, the attacker ``eve`` and the log of the window."""
 
-    def __init__(self, room_server):
+    def __init__(self, room_server, seconds: float = ATTACK):
         from labkit.engines.student import join, register
 
         self.server, self.url, self.room, self.watchdog = room_server
@@ -69,7 +71,7 @@ class Attack:
         self.ended = self.watchdog.ended
         self.start = now(self.room)
         self.stop = threading.Event()
-        threading.Timer(ATTACK, self.stop.set).start()
+        threading.Timer(seconds, self.stop.set).start()
 
     def win(self, call=None) -> int:
         """Loop until eve holds the lease (through ``call``, by default her own connection)."""
@@ -200,7 +202,7 @@ def test_renewing_forever_is_capped(room_server):
 
 def test_advisory_locks_large_objects_and_sleep_are_refused(room_server):
     """Every advisory lock function, pg_sleep, pg_notify, large objects: permission denied."""
-    attack = Attack(room_server)
+    attack = Attack(room_server, REFUSED)
     with connect(attack.eve) as conn:
         functions = conn.execute(
             "SELECT p.oid::regprocedure::text, pg_get_function_identity_arguments(p.oid) "
@@ -219,7 +221,7 @@ def test_advisory_locks_large_objects_and_sleep_are_refused(room_server):
 
 def test_temp_files_are_limited_and_the_limit_is_not_the_students(room_server):
     """A sort spilling to disk stops at the role's temp_file_limit, which she cannot raise."""
-    attack = Attack(room_server)
+    attack = Attack(room_server, REFUSED)
     with connect(attack.eve) as conn:
         assert conn.execute("SHOW temp_file_limit").fetchone() == ("8MB",)
         assert sqlstate(conn, "SET temp_file_limit = '100GB'") == "42501"
@@ -233,7 +235,7 @@ def test_one_student_cannot_take_every_connection(room_server):
     """Her login has a connection limit (2): the third is refused, the others still work."""
     import psycopg
 
-    attack = Attack(room_server)
+    attack = Attack(room_server, REFUSED)
     opened = [connect(attack.eve)]  # and her worker's connection: two
     with pytest.raises(psycopg.OperationalError, match="too many connections"):
         opened.append(connect(attack.eve))
@@ -275,7 +277,7 @@ def test_registration_stops_at_the_rooms_seats(room_server):
     from labkit.engines.classroom import RoomRefused
     from labkit.engines.student import register
 
-    attack = Attack(room_server)
+    attack = Attack(room_server, REFUSED)
     extra = [register(attack.url, f"x{i}") for i in range(SEATS - len(WORKERS) - 1)]
     with pytest.raises(RoomRefused, match="room is full"):
         register(attack.url, "one_too_many")

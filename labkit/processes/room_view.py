@@ -129,9 +129,9 @@ class Picture:
                       for _ in range(LABELS)]  # fmt: skip
         ax.set_yticks([])  # the lanes' names as plain texts: 30 ticks cost more than the data
         ax.grid(axis="x", alpha=0.3)
-        ax.text(1.0, 1.0, KEY, transform=ax.transAxes, ha="right", va="bottom",
-                fontsize="small", color="#555555")  # fmt: skip
-        ax.text(-0.01, -1.1, "fence", transform=ax.get_yaxis_transform(), ha="right",
+        ax.annotate(KEY, (0, 0), xycoords="axes fraction", xytext=(0, -36), ha="left", va="top",
+                    textcoords="offset points", fontsize="small", color="#555555")  # fmt: skip
+        ax.text(-0.005, -1.0, "fence", transform=ax.get_yaxis_transform(), ha="right",
                 va="center", color=COLOURS["fence"], fontweight="bold")  # fmt: skip
 
     def show(self, view: View, protected: bool | None = None) -> Picture:
@@ -165,18 +165,18 @@ class Picture:
         transform = ax.get_yaxis_transform()
         self.labels = [ax.text(-0.005, y, name, transform=transform, ha="right", va="center")
                        for y, name in enumerate(self.lanes)]  # fmt: skip
-        ax.set_ylim(len(self.lanes) - 0.5, -1.6)  # the fence's band above the lanes
+        ax.set_ylim(len(self.lanes) - 0.5, -1.75)  # the fence's band above the lanes
         if not self.sized:
-            height = 1.6 + 0.26 * (max(len(self.lanes), 2) + 2)  # inches: title, fence, lanes
+            height = 1.9 + 0.26 * (max(len(self.lanes), 2) + 2)  # inches: title, fence, lanes
             ax.figure.set_size_inches(12, height)
-            ax.set_position((0.09, 0.7 / height, 0.89, 1 - 1.3 / height))
+            ax.set_position((0.09, 1.0 / height, 0.89, 1 - 1.6 / height))
 
     def _fence(self, steps, width: float) -> None:
         """The fence as a step line in the band above the lanes, with at most LABELS labels."""
         gens = [g for _, g in steps]
         xs = [x for x, _ in steps] + [width]
         low, high = (gens[0], max(gens[-1], gens[0] + 1)) if gens else (0, 1)
-        ys = [-0.7 - 0.8 * (g - low) / (high - low) for g in gens]
+        ys = [-0.7 - 0.6 * (g - low) / (high - low) for g in gens]  # its labels stay inside
         self.fence.set_data(xs if gens else [], ys + ys[-1:])
         every = max(1, -(-len(steps) // LABELS))
         shown = list(range(0, len(steps), every))
