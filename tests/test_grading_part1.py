@@ -40,15 +40,19 @@ def test_the_lock_really_keeps_b_out_while_a_is_inside():
 
 
 def test_a_crash_left_open_replays_as_the_crashed_write():
-    """02.1 without ROLLBACK on error: the replay of the crash schedule draws B's crashed write, not an empty timeline."""
+    """02.1 without ROLLBACK on error: the replay of the crash schedule draws B's crashed write, not an empty
+    timeline, and the write lock B's open transaction still holds, to the end of the run."""
     from labkit.views.scene import lanes_of
 
     entry = CORPUS["02.1"]
     wrong = define(entry["wrong"]["no rollback when the insert fails (a crash inside)"][0], entry["name"])
     result = labkit.grading.replayed("02.1", wrong, seed=6)
-    assert [(e.worker, e.action, e.outcome) for e in result.history] == [("B", "write", "crashed")]
+    assert [(e.worker, e.action, e.outcome) for e in result.history] == [("B", "write", "crashed"), ("B", "acquire", "ok")]
     assert lanes_of(result.history, 14) and "every call ends its transaction" in result.verdict
-    ax = labkit.grading.replay("02.1", wrong, seed=6)  # the drawing the failure's replay line makes
+    from matplotlib.figure import Figure
+
+    ax = Figure().add_subplot()  # the drawing the failure's replay line makes, which returns None
+    assert labkit.grading.replay("02.1", wrong, seed=6, ax=ax) is None
     assert [t.get_text() for t in ax.get_yticklabels()] == ["B", "fence"] and ax.collections
     ax.figure.clf()
 
