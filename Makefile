@@ -12,7 +12,7 @@ FREEPORT := import socket; print(next(p for p in range(8888, 8999) if socket.soc
 NOBROWSER := $(if $(DISPLAY)$(WAYLAND_DISPLAY),,--no-browser)
 ROOTOK := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test exercises bench classroom clean
+.PHONY: lab test exercises bench classroom release clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,12 @@ bench: $(STAMP)
 # one PostgreSQL for a room of laptops (127.0.0.1; add ARGS="--lan ADDRESS" to open it to a LAN)
 classroom: $(STAMP)
 	$(BIN)/python -m labkit.classroom serve $(ARGS)
+
+# a student's copy in build/release/ and build/release.zip (OUT=... elsewhere): lessons, exercises,
+# labkit, the README; no solutions, keys or tests
+release: $(STAMP)
+	rm -rf $(or $(OUT),build/release) $(or $(OUT),build/release).zip
+	$(BIN)/python -m labkit.release $(or $(OUT),build/release)
 
 clean:
 	rm -rf $(VENV) build

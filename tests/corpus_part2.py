@@ -45,6 +45,10 @@ def conservative_deadline(send_time, ttl, margin, max_drift):
     "gives up at once (the send time)": ('''
 def conservative_deadline(send_time, ttl, margin, max_drift):
     return send_time
+''', "gives away no more of the lease", None),  # it does nothing: it scores nothing
+    "the margin subtracted twice": ('''
+def conservative_deadline(send_time, ttl, margin, max_drift):
+    return send_time + ttl * (1 - max_drift) - 2 * margin
 ''', "gives away no more of the lease", "tight"),
 }
 
@@ -778,21 +782,21 @@ def mechanism(incident):
 
 INCIDENT_WRONG = {
     "a fence for the double charge": (_PICKS.replace('"double-charge": "idempotency key"',
-                                                     '"double-charge": "fence"'), "needs the idempotency key", "once"),
+                                                     '"double-charge": "fence"'), "'double-charge' gets the mechanism", "once"),
     "a longer lease for the frozen export": (_PICKS.replace('"frozen-export": "fence"', '"frozen-export": "lease"'),
-                                             "needs the fence", "who may act"),
+                                             "'frozen-export' gets the mechanism", "who may act"),
     "an idempotency key for the stale email": (_PICKS.replace('"stale-email": "outbox"',
-                                                              '"stale-email": "idempotency key"'), "needs the outbox", "once"),
+                                                              '"stale-email": "idempotency key"'), "'stale-email' gets the mechanism", "once"),
     "a big jump of the counter instead of a new epoch": (_PICKS.replace('"restored-counter": "new epoch"',
                                                                '"restored-counter": "add a large constant"'),
                                                 "is one of", "who may act"),
     "a fence for the stuck release (a stale release is like a stale write)": (
         _PICKS.replace('"stuck-release": "owner and generation check"', '"stuck-release": "fence"'),
-        "needs the owner and generation check", "in time"),
+        "'stuck-release' gets the mechanism", "in time"),
     "constant": ('''
 def mechanism(incident):
     return "fence"
-''', "needs the lease", None),
+''', "'fence' is not it", None),
 }
 
 CORPUS = {

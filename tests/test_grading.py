@@ -17,6 +17,7 @@ import labkit
 import labkit.grading
 from labkit.grading.scores import Finding, Report
 from answers import TAMPER, define, judged
+from corpus_nothing import LABELS as NOTHING, nothing
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CORPUS = {**corpus_part1.CORPUS, **corpus_part2.CORPUS}
@@ -59,6 +60,7 @@ def verdicts():
         sources[("stub", "")] = (f"def {entry['name']}(*args, **kwargs):\n"
                                  "    raise NotImplementedError('your answer goes here')\n")
         sources[("empty", "")] = f"def {entry['name']}(*args, **kwargs):\n    pass\n"
+        sources |= {("nothing", label): src for label, src in nothing(task_id, entry["name"]).items()}
         sources |= {("tamper", how): TAMPER[how] + constant for how in TAMPER}
         jobs.append((task_id, entry["name"], sources))
     fork = multiprocessing.get_context("fork")
@@ -110,6 +112,15 @@ def test_an_empty_answer_scores_nothing(verdicts, task_id):
     assert not report.passed and report.total()[0] == 0, report.text()
 
 
+@pytest.mark.parametrize("label", NOTHING)
+@pytest.mark.parametrize("task_id", TASKS)
+def test_an_answer_that_does_nothing_scores_nothing_in_every_task(verdicts, task_id, label):
+    """The identity, a constant of the task's return type, the input passed back, an empty body
+    (tests/corpus_nothing.py): no property of any of the 17 tasks holds for one, 0 points."""
+    report = verdicts[task_id, "nothing", label]
+    assert not report.passed and report.total()[0] == 0, report.text()
+
+
 @pytest.mark.parametrize("task_id", TASKS)
 @pytest.mark.parametrize("how", sorted(TAMPER))
 def test_tampering_with_the_grader_counts_for_nothing(verdicts, task_id, how):
@@ -131,6 +142,48 @@ def test_every_replay_line_draws_the_answers_run(verdicts, task_id, label):
         if f.broken and f.broken.seed is not None:
             result = labkit.grading.replayed(task_id, answer, seed=f.broken.seed)
             assert lanes_of(result.history, 14), (f.prop, result.history)
+
+
+def test_every_wrong_answer_gets_a_feedback_page_with_every_timeline_drawn(verdicts, tmp_path):
+    """One feedback run over every wrong answer of every task (as one student each, their
+    reports as the grader's judge made them): a page each, every broken property's timeline a
+    picture, no page or picture that failed to draw; tokens (epoch, n) stay tuples."""
+    from labkit.grading.grader import Submission, write_feedback
+
+    subs = [Submission(ROOT / f"{t}.ipynb", f"{t}-{i}", f"{t}.ipynb", {t: verdicts[t, "wrong", label]})
+            for t in TASKS for i, label in enumerate(CORPUS[t]["wrong"]) if (t, "wrong", label) in verdicts]
+    pages = {p.stem: p.read_text() for p in write_feedback(subs, tmp_path)}
+    assert len(pages) == len(subs) == sum(len(CORPUS[t]["wrong"]) for t in TASKS) or os.environ.get("LABKIT_TEST_TASKS")
+    for sub in subs:
+        (report,) = sub.results.values()
+        drawn = [f for f in report.failed() if f.broken and f.broken.events]
+        assert "could not be drawn" not in pages[sub.student], sub.student
+        assert pages[sub.student].count('src="data:image/png') == len(drawn), sub.student
+        assert not any(isinstance(e.get("generation"), list) for f in drawn for e in f.broken.events)
+
+
+def test_a_transaction_left_open_is_drawn_held_to_the_end_of_the_run(verdicts):
+    """Wherever a wrong answer's failure says a call left its transaction open, the failure's
+    events and its replay hold the write lock from that call to the end of the run: a held span
+    with no release and no expiry, as the timeline draws it."""
+    from labkit.grading.lab import LEFT_OPEN
+    from labkit.sim.history import Event
+    from labkit.views.scene import _intervals, end_of
+
+    found = []
+    for (task_id, kind, label), report in verdicts.items():
+        for f in report.failed() if kind == "wrong" else ():
+            if f.broken and "open" in f.broken.detail and "transaction" in f.broken.detail:
+                answer = define(CORPUS[task_id]["wrong"][label][0], CORPUS[task_id]["name"])
+                for history in ([Event(**e) for e in f.broken.events],
+                                labkit.grading.replayed(task_id, answer, seed=f.broken.seed).history):
+                    held = [e for e in history if e.action == "acquire" and e.target == LEFT_OPEN]
+                    assert held, (task_id, label, f.prop, history)
+                    mine = [e for e in history if e.worker == held[0].worker]
+                    spans = _intervals(mine, end_of(history))[0]
+                    assert any(a <= held[0].time and b == end_of(history) for a, b in spans), spans
+                found.append((task_id, label))
+    assert len({t for t, _ in found}) >= 3 or os.environ.get("LABKIT_TEST_TASKS"), found
 
 
 def _run_exercise(name: str):

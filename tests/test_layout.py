@@ -6,8 +6,8 @@ import pytest
 
 LABKIT = pathlib.Path(__file__).resolve().parents[1] / "labkit"
 CORE = ("__init__", "clock", "errors", "db", "lease", "fence", "idempotency")
-COMMANDS = ("grade", "chaos", "classroom")  # `python -m labkit.grade` and so on: a few lines each
-SUBPACKAGES = ("sim", "mechanisms", "scenarios", "views", "processes", "grading", "engines")
+COMMANDS = ("grade", "chaos", "classroom", "release")  # `python -m labkit.grade` and so on: a few lines each
+SUBPACKAGES = ("sim", "mechanisms", "scenarios", "views", "processes", "grading", "engines", "course")
 
 
 def lines(path: pathlib.Path) -> int:

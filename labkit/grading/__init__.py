@@ -119,11 +119,12 @@ def replayed(task_id: str, answer: Any, *, seed: int):
     return Result(params, tuple(history), {}, found, verdict, warned)
 
 
-def replay(task_id: str, answer: Any, *, seed: int, ax=None):
-    """Re-run the schedule ``seed`` of ``task_id``; return the matplotlib axes of its timeline."""
+def replay(task_id: str, answer: Any, *, seed: int, ax=None) -> None:
+    """Re-run the schedule ``seed`` of ``task_id`` and draw its timeline (on ``ax``, or a new
+    figure); it returns nothing, so the notebook shows the picture and no ``<Axes ...>``."""
     from labkit.views.plot import timeline
 
-    return timeline(replayed(task_id, answer, seed=seed), ax=ax)
+    timeline(replayed(task_id, answer, seed=seed), ax=ax)
 
 
 #: where :func:`keys` reads the answer keys: the course's own solutions/ unless the judge is

@@ -13,7 +13,7 @@ from random import Random
 import re
 
 from labkit.grading.diskfull import disk_full, is_full, long_id, short
-from labkit.grading.lab import busy, call, shown
+from labkit.grading.lab import busy, call, held_open, shown
 from labkit.grading.writers import FENCED_HOSTILE, JOB, OTHER, fenced_trial, generation_of, lab
 from labkit.grading.writers import ENDS, locked_out
 from labkit.db import execute
@@ -140,6 +140,7 @@ class _Charger:
         opened = f"{what} and left its transaction open"
         acted = bool(sql) and bool(crashed or self.worked or after != before)  # as in writers
         checks.append((not left_open, ENDS, opened, "ends"))
+        self.history += [held_open(who, self.t - 0.5)] if left_open else []
         expect_all(checks, acted=acted, go_on=not left_open)
         if not crashed and not repeat and gen >= fence and new:
             self.done[key] = new[0][0]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from random import Random
 import shutil
 
-from labkit.grading.lab import between_statements, lease_event, scratch
+from labkit.grading.lab import between_statements, held_open, lease_event, scratch
 from labkit.db import execute
 from labkit.grading import Schedule, expect, expect_all, hostile, task
 from labkit.sim.history import Event
@@ -97,6 +97,7 @@ def issuer_check(answer, schedule: Schedule, history: list) -> None:
                     expect(False, "the issuer returns a token (epoch, counter)",
                            f"it returned {out!r}", prop="committed")  # fmt: skip
                 history.append(Event(t, "issuer", "raise", "ok", got, target="token"))
+                history += [held_open("issuer", t - 0.5)] if open_tx else []
                 used = authority.current(name) - epoch
                 step = after == (before[0], before[1] + 1) or after[0] > before[0] and after[1] == 1
                 checks = [
@@ -273,6 +274,7 @@ def cleanup_check(answer, schedule: Schedule, history: list) -> None:
         for name, owner, generation, _, _ in sorted(early | late):
             history.append(Event(now, owner, "release", "ok", generation, target=name))
         history.append(Event(now, "cleanup", "cleanup", "ok", target=f"now={now:g}"))
+        history += [held_open("cleanup", now - 0.5)] if open_tx else []
         moment = f"just before the cleanup's SQL statement {k.get('at')}"
         alive = sorted(r for r in early | late if r[3] > now)
         renewed = {r for r in alive if mid and r not in before}

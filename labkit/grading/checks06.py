@@ -234,7 +234,7 @@ def _attempts(base: float, cap: float, count: int) -> list[int]:
 )
 def backoff_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 06.2: ``answer(attempt, *, base, cap, rng) -> seconds``."""
-    k, runs = schedule.knobs, []  # (attempt, ceiling, delays, the first AGAIN drawn again)
+    k, runs, scales = schedule.knobs, [], {}  # (attempt, ceiling, delays, the first AGAIN again)
     base, cap, attempts = k["base"], k["cap"], k["attempts"]
     seeds = [schedule.seed * 7919 + i for i in range(SAMPLES)]
     saved = global_state()
@@ -245,6 +245,12 @@ def backoff_check(answer, schedule: Schedule, history: list) -> None:
             seed_global(attempt * 31 + 2)
             again = [answer(attempt, base=base, cap=cap, rng=Random(s)) for s in seeds[:AGAIN]]
             runs.append((attempt, min(cap, base * 2**attempt), first, again))
+            seed_global(attempt * 31 + 1)  # twice the base and the cap: a backoff's delays double
+            twice = [
+                answer(attempt, base=2 * base, cap=2 * cap, rng=Random(s)) for s in seeds[:AGAIN]
+            ]
+            scales[attempt] = all(_number(d) and math.isclose(d, 2 * f, rel_tol=1e-9, abs_tol=1e-12)
+                                  for d, f in zip(twice, first))  # fmt: skip
     finally:
         restore_global(saved)
     for attempt, _, first, _ in runs[:6]:  # for the replay: one contender's waits (finite ones:
@@ -258,7 +264,8 @@ def backoff_check(answer, schedule: Schedule, history: list) -> None:
     same = "the delay depends only on the arguments and the rng passed in (the same seed gives "
     same += "the same delay, whatever the global random does)"
     # a constant, or delays far below the ceiling, keep range and rng trivially: those hold only
-    # where the delays vary and reach a quarter of the ceiling; growth where they vary, in range
+    # where the delays vary and reach a quarter of the ceiling, rng only where they also double
+    # with the base and the cap (the attempt passed back does not); growth where they vary, in range
     # (give or take jitter on top); before the cap they start small: not past twice the ceiling
     varies = len({d for run in runs for d in run[2] if _number(d)}) > 1
     real = {n: varies and max(first) >= c / 4 for n, c, first, _ in runs}
@@ -288,7 +295,8 @@ def backoff_check(answer, schedule: Schedule, history: list) -> None:
         ],
         [
             ("rng", first[:AGAIN] == again, same,
-             f"attempt {n}: two runs with equal seeds gave {first[0]!r} and {again[0]!r}", real[n])
+             f"attempt {n}: two runs with equal seeds gave {first[0]!r} and {again[0]!r}",
+             real[n] and scales[n])
             for n, _, first, again in runs
         ],
     )  # fmt: skip

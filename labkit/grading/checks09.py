@@ -1,6 +1,7 @@
 """Grading check of exercise 09 (registered in :mod:`labkit.grading`).
 
-* 09.1 the right mechanism for each incident, with the reason in the failure.
+* 09.1 the right mechanism for each incident; a failure names the incident and the pick that is
+  wrong, never the right one (the key stays with the grader).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def incident_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 09.1: ``answer(incident) -> one of MECHANISMS`` (the pick drawn as a write)."""
     name = schedule.knobs["incident"]
     prop = next(p for p, names in INCIDENT_GROUPS.items() if name in names)
-    right, why = (keys("09.1")[name][part] for part in ("mechanism", "why"))
+    right = keys("09.1")[name]["mechanism"]
     got = answer(name)
     picked = got.strip().lower() if isinstance(got, str) else got
     ok = "ok" if picked == right else "rejected"
@@ -75,5 +76,5 @@ def incident_check(answer, schedule: Schedule, history: list) -> None:
         f"it returned {got!r}",
         prop=prop,
     )
-    rule = f"incident {name!r} needs the {right}: {why}"
-    expect(picked == right, rule, f"you picked {got!r}", prop=prop)
+    rule = f"incident {name!r} gets the mechanism it needs"
+    expect(picked == right, rule, f"{got!r} is not it: read the incident again", prop=prop)

@@ -43,6 +43,7 @@ class Sandbox(wire.Peer):
         self.deadline: float | None = None  # when the task being judged must be done by
         self.lent: set = set()  # the connections lent to the answer in this schedule
         self.served: list[tuple] = []  # its requests: (the object's class, what, the arguments)
+        self.errors: list[str] = []  # what the cells that raised said, in order
         self.jail = Jail(hide=hide, warn=warn)
         super().__init__(wire.Channel(self.jail.rfd, self.jail.wfd))
 
@@ -86,8 +87,12 @@ class Sandbox(wire.Peer):
         return self.wait() if reply else None
 
     def cell(self, source: str, number: int) -> str | None:
-        """Run one code cell in the worker; its error in words, or None."""
-        return self._ask({"op": "cell", "source": source, "number": number}).get("error")
+        """Run one code cell in the worker; its error in words (also kept in ``errors``), or None."""
+        error = self._ask({"op": "cell", "source": source, "number": number}).get("error")
+        if error:
+            first = next((line for line in source.splitlines() if line.strip()), "")
+            self.errors.append(f"the cell that begins {first.strip()[:60]!r} raised {error}")
+        return error
 
     def allow(self, target, what: str, args: list) -> None:
         """Record the request in :attr:`served` (its arguments decoded once, by the caller), then
@@ -161,7 +166,10 @@ class Sandbox(wire.Peer):
         try:
             found = self._ask({"op": "answer", "name": name}).get("value")
             if not isinstance(found, list) or found[0] != "H":
-                raise Refused(f"the notebook defines no function {name!r}")
+                why = (
+                    f"{self.errors[-1]}: fix it, and {name!r} can be judged" if self.errors else ""
+                )
+                raise Refused(why or f"the notebook defines no function {name!r}")
             yield RemoteAnswer(self, found[1], name, returns)
         finally:
             if self.child and not self.broken:  # else its parent's "done" came already

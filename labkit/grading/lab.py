@@ -228,6 +228,15 @@ def busy(out) -> bool:
     )
 
 
+LEFT_OPEN = "the write lock: its transaction left open"
+
+
+def held_open(who: str, began: float) -> Event:
+    """The write lock a call kept by leaving its transaction open, as a timeline draws it: held
+    from when the call began to the end of the run, with no release and no expiry."""
+    return Event(began, who, "acquire", "ok", target=LEFT_OPEN)
+
+
 def shown(out) -> str:
     """The outcome ``out`` of :func:`call` in words, e.g. ``"returned True"``."""
     kind, value = out

@@ -224,7 +224,12 @@ def _task(report: Report, given) -> list[str]:
         if f.broken and (f is report.problem or not report.problem):
             lines = f.broken.lines(report.task, report.answer)
             out.append("<pre>" + html.escape(_lines("\n".join(lines))) + "</pre>")
-            image = picture(report.task, f.words, f.broken)
+            try:
+                image = picture(report.task, f.words, f.broken)
+            except Exception as exc:  # noqa: BLE001 -- a drawing that fails costs its picture
+                image = ""
+                why = f"{type(exc).__name__}: {exc}"
+                out.append(f'<p class="never">the timeline could not be drawn ({_h(why)})</p>')
             if image:
                 alt = html.escape(f"the timeline of seed {f.broken.seed}")
                 out.append(f'<img alt="{alt}" src="{image}">')
@@ -253,6 +258,14 @@ def page(student: str, notebooks: list[tuple[str, list[Report]]], given=None) ->
     )
 
 
+def _plain_page(student: str, notebooks: list, given, exc: Exception) -> str:
+    """The page in words alone, for when drawing it failed (``exc`` says how)."""
+    texts = [r.text((given or {}).get(r.task)) for _, rs, _ in notebooks for r in rs]
+    why = f"this page could not be drawn ({type(exc).__name__}: {exc}); the scorecard:"
+    body = f"<h1>{_h(student)}</h1><p>{_h(why)}</p><pre>{html.escape(_lines(chr(10).join(texts)))}</pre>"
+    return f'<!doctype html>\n<html><head><meta charset="utf-8"></head><body>{body}</body></html>\n'
+
+
 def write_pages(by_student: dict, folder: pathlib.Path, given=None) -> list[pathlib.Path]:
     """Write ``folder/<student>.html`` for each student of ``by_student`` (student -> notebooks)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -263,6 +276,10 @@ def write_pages(by_student: dict, folder: pathlib.Path, given=None) -> list[path
         while path in written:  # "a b" and "a_b" get a page each
             n += 1
             path = folder / f"{safe}-{n}.html"
-        path.write_text(page(student, notebooks, given))
+        try:
+            text = page(student, notebooks, given)
+        except Exception as exc:  # noqa: BLE001 -- one page that fails stops no other
+            text = _plain_page(student, notebooks, given, exc)
+        path.write_text(text)
         written.append(path)
     return written

@@ -30,6 +30,11 @@ class Failure:
     knobs: dict | None = None
     events: tuple = ()
 
+    def __post_init__(self) -> None:  # JSON has no tuples: a token (epoch, n) comes back one
+        events = tuple({**e, "generation": _token(e["generation"])} if "generation" in e else e
+                       for e in self.events)  # fmt: skip
+        object.__setattr__(self, "events", events)
+
     def lines(self, task: str, answer: str) -> list[str]:
         out = [f"rule: {self.rule}"] if self.rule else []
         out += [f"observed: {self.detail}"] if self.detail else []
@@ -55,6 +60,11 @@ class Finding:
     @property
     def scored(self) -> bool:
         return self.held > 0 and self.broken is None
+
+
+def _token(value):
+    """An event's generation with its declared type: an int, None, or an (epoch, n) tuple."""
+    return tuple(map(_token, value)) if isinstance(value, (list, tuple)) else value
 
 
 def weights(props, given=None) -> dict[str, float]:

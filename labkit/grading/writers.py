@@ -15,7 +15,7 @@ from random import Random
 import re
 
 from labkit.grading.diskfull import disk_full, is_full, long_id, short
-from labkit.grading.lab import Tracer, busy, call, is_bool, scratch, shown
+from labkit.grading.lab import Tracer, busy, call, held_open, is_bool, scratch, shown
 from labkit.db import execute
 from labkit.grading import Schedule, expect_all, hostile
 from labkit.sim.history import Event
@@ -205,6 +205,7 @@ class _Writers:
             checks += [(after == want, rule["stores"], f"{what}: {diff}", prop)]
             self.worked = self.worked or after == want
         opened = f"{what} and left its transaction open: it still holds the write lock"
+        self.history += [held_open(who, self.t - 0.5)] if left_open else []
         checks += [(not left_open, ENDS, opened, "ends"), *_raised_first(sql)]
         # a call is evidence if it sent SQL and wrote, or once the answer has done the task once:
         # refusing everything, with or without a SELECT, keeps no rule

@@ -248,15 +248,15 @@ def scene(result, lanes: list[str], xmax: float, pt: float | None = None) -> Sce
         writes = [(i, e) for i, e in enumerate(effects) if e.worker == worker]
         for (i, e), x in zip(writes, _spread([e.time for _, e in writes], width)):
             mark(_write_kind(e, effects[i + 1 :]), x, y)
-            drawn[e] = x
+            drawn[id(e)] = x  # by identity: an event of JSON's lists cannot be hashed
             if len(writes) <= 12 and e.target:
                 labels.append((str(e.target), x, y, "target"))
         for v in result.violations:
             if v.event.worker == worker:
-                mark("violation", drawn.get(v.event, v.event.time), y)
+                mark("violation", drawn.get(id(v.event), v.event.time), y)
         for w in getattr(result, "warnings", ()):
             if w.event.worker == worker:
-                mark("warning", drawn.get(w.event, w.event.time), y)
+                mark("warning", drawn.get(id(w.event), w.event.time), y)
     fy = len(lanes)
     raises = [
         e for e in history if e.action == "raise" and e.outcome == "ok" and e.generation is not None

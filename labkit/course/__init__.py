@@ -1,0 +1,1 @@
+"""The course as files: what a student gets (:mod:`labkit.course.release`)."""
