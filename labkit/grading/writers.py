@@ -1,11 +1,9 @@
 """The fenced writers' laboratory, shared by tasks 02.1, 02.2 and 03.1.
 
 :func:`fenced_trial` runs a fenced writer (one invoice for 02.1, a batch for 03.1) through
-one schedule. Each call is logged first (a replay draws it), then judged against a model of
-an accepted or a refused write: the rows it left, what it returned, whether it raised the
-fence before touching the protected table; a call that sent no SQL earns no evidence. B acts
-on its own connection just before A's n-th statement; if A holds the lock, B must get SQLite's
-"database is locked" and tries again after A.
+one schedule: each call is logged (a replay draws it), then judged against a model of an
+accepted or refused write (rows left, result, fence raised first; no SQL, no evidence). B acts
+before A's n-th statement; if A holds the lock, B gets "database is locked" and retries after.
 """
 
 from __future__ import annotations
