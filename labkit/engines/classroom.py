@@ -60,7 +60,9 @@ _FUNCTIONS = {
     secret := replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', '');
     EXECUTE format('CREATE ROLE %I LOGIN PASSWORD %L IN ROLE labkit_student CONNECTION LIMIT %s',
                    login, password, {connections});
-    EXECUTE format('ALTER ROLE %I SET temp_file_limit = %L', login, '{temp_file_limit}');
+    IF current_setting('server_version_num')::int >= 150000 THEN  -- else the database's, below
+        EXECUTE format('ALTER ROLE %I SET temp_file_limit = %L', login, '{temp_file_limit}');
+    END IF;
     INSERT INTO students (name, role, secret)
         VALUES (p_name, login, sha256(convert_to(secret, 'UTF8')));
     INSERT INTO events (student, action, outcome) VALUES (p_name, 'join', 'ok');
@@ -171,8 +173,13 @@ GRANT CONNECT ON DATABASE postgres TO labkit_student, labkit_room;
 GRANT USAGE ON SCHEMA labkit TO labkit_student, labkit_room;
 GRANT EXECUTE ON FUNCTION labkit.register(text) TO labkit_room;
 GRANT EXECUTE ON FUNCTION labkit.acquire(text, text), labkit.renew(text, text, bigint),
-    labkit.release(text, text, bigint), labkit.write(text, text, bigint) TO labkit_student;
-GRANT SET ON PARAMETER temp_file_limit TO labkit_instructor"""
+    labkit.release(text, text, bigint), labkit.write(text, text, bigint) TO labkit_student"""
+#: who may set a student's temp_file_limit: on PostgreSQL 15 and later the instructor, per role;
+#: before 15 only a superuser can, so the whole database gets it
+TEMP_LIMIT = {
+    True: "GRANT SET ON PARAMETER temp_file_limit TO labkit_instructor",
+    False: f"ALTER DATABASE postgres SET temp_file_limit = '{LIMITS['temp_file_limit']}'",
+}
 
 #: one watchdog round, run by the superuser: end every student or registration backend that
 #: holds a transaction open (not waiting for a lock) or blocks a waiter longer than the bound, or
@@ -271,6 +278,7 @@ def install(url: str, *, ttl: float = 1.0, cap: float | None = None, seats: int 
         conn.execute(sql.SQL(create).format(sql.Literal(password)))
         for statement in filter(str.strip, _PRIVILEGES.split(";")):  # now labkit_room exists
             conn.execute(statement)
+        conn.execute(TEMP_LIMIT[conn.info.server_version >= 150000])
         for (function,) in conn.execute(HAZARDS).fetchall():
             conn.execute(sql.SQL("REVOKE EXECUTE ON FUNCTION {} FROM PUBLIC").format(
                 sql.SQL(function)))  # fmt: skip

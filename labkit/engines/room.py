@@ -149,7 +149,7 @@ class Watchdog:
     def __init__(self, url: str, *, bound: float = 0.8, every: float = 0.1) -> None:
         self.bound = check_number(bound, "bound", positive=True, high=60)
         self.every = check_number(every, "every", positive=True, high=60)
-        self.url, self.ended, self.error = url, 0, None
+        self.url, self.ended, self.error, self.conn = url, 0, None, None
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="labkit-watchdog", daemon=True)
 
@@ -174,7 +174,8 @@ class Watchdog:
         self.stopping.set()
         if self.thread.is_alive():
             self.thread.join(10)
-        self.conn.close()
+        if self.conn is not None:
+            self.conn.close()
 
     def __enter__(self) -> Watchdog:
         return self.start()
