@@ -116,9 +116,6 @@ def test_a_token_above_every_issued_one_is_refused(protected, db, bare, dump, ro
     issued token still passes, and a job without an authority here is not judged."""
     from labkit import LeaseAuthority, VirtualClock
 
-    if engine == "sqlite":  # runs, and must fail until then: strict, so its fix is noticed
-        reason = "SQLite's half of this rule is issue 24's (labkit/fence.py), not this branch's"
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
     execute(db, "INSERT INTO lease_counter VALUES (?, 8)", (JOB,))
     before = dump()
     with pytest.raises(refused(route, bare), match="never issued|issued"):
