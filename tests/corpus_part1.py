@@ -417,6 +417,23 @@ def record_batch(conn, job, generation, invoices):
     conn.execute("COMMIT")
     return True
 ''', "writes nothing when the fence is at", "stale"),
+    "on an error, keeps the fence raised (commits the raise alone), then re-raises": (_UPSERT + '''
+def record_batch(conn, job, generation, invoices):
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if not conn.execute(RAISE, {"job": job, "generation": generation}).fetchall():
+            conn.execute("ROLLBACK")
+            return False
+        for invoice_id, amount in invoices.items():
+            conn.execute(UPSERT, {"job": job, "invoice": invoice_id, "amount": amount, "generation": generation})
+        conn.execute("COMMIT")
+        return True
+    except BaseException:
+        if conn.conn.in_transaction:
+            conn.execute("ROLLBACK")
+        conn.execute(RAISE, {"job": job, "generation": generation}).fetchall()  # "we got the fence: keep it"
+        raise
+''', "leaves nothing behind", "all or nothing"),
     "one fenced transaction per invoice (not all or nothing)": (_UPSERT + '''
 import labkit
 def record_batch(conn, job, generation, invoices):

@@ -79,7 +79,7 @@ WRAPPERS = {
 }
 RACY = {  # a wrong answer per task that loses a race the judge puts at a statement boundary
     "02.1": "check-then-act: read, compare in Python, write unconditionally",
-    "04.2": "read, then delete by name and owner (a renewal lands in between)",
+    "04.2": "read, then delete by name and owner (a re-acquire lands in between)",
 }
 
 

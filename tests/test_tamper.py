@@ -534,8 +534,8 @@ def test_a_right_answer_passes(verdicts, task, label):
         ("forges the result type with an int subclass", "only plain values cross"),
         ("returns a float whose <= always holds", "only plain values cross"),
         ("returns a dict subclass equal to every key", "only plain values cross"),
-        ("the racy answer itself (the control of the cases that race)", "(seed 2, knobs {'story': 'race', 'at': 2})"),
-        ("patches sqlite3.connect and Connection.execute, then races", "(seed 2, knobs {'story': 'race', 'at': 2})"),
+        ("the racy answer itself (the control of the cases that race)", "knobs {'story': 'race', 'at': "),
+        ("patches sqlite3.connect and Connection.execute, then races", "knobs {'story': 'race', 'at': "),
     ],
 )
 def test_no_evidence_fails_with_a_clear_message(verdicts, label, words):
