@@ -262,6 +262,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.csv:
         write_csv(subs, args.csv, points)
     if args.feedback:
-        pages = write_feedback(subs, args.feedback, points)
+        pages = write_feedback(subs, args.feedback, points, jobs=max(1, args.jobs))
         print(f"{len(pages)} feedback pages in {args.feedback}", file=sys.stderr)
     return 0

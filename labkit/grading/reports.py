@@ -158,13 +158,13 @@ def write_csv(subs: list, path: pathlib.Path, points=None) -> None:
                 out.writerow(row + [shown_points(x) for x in total[s.student]])
 
 
-def write_feedback(subs: list, folder: pathlib.Path, points=None) -> list[pathlib.Path]:
-    """``folder/<student>.html`` for each student (see :mod:`labkit.grading.feedback`)."""
+def write_feedback(subs: list, folder: pathlib.Path, points=None, jobs: int = 1) -> list:
+    """``folder/<student>.html`` for each student, ``jobs`` pages drawn at once."""
     by_student: dict = {}
     for s in subs:
         name = (s.exercise or s.path.name) + (f" (graded {UNSANDBOXED})" if s.unsandboxed else "")
         by_student.setdefault(s.student, []).append((name, list(s.results.values()), s.problem))
-    return write_pages(by_student, folder, points)
+    return write_pages(by_student, folder, points, jobs)
 
 
 STYLE = """body{font:16px/1.45 system-ui,sans-serif;max-width:70em;margin:2em auto;color:#222}
@@ -266,20 +266,35 @@ def _plain_page(student: str, notebooks: list, given, exc: Exception) -> str:
     return f'<!doctype html>\n<html><head><meta charset="utf-8"></head><body>{body}</body></html>\n'
 
 
-def write_pages(by_student: dict, folder: pathlib.Path, given=None) -> list[pathlib.Path]:
-    """Write ``folder/<student>.html`` for each student of ``by_student`` (student -> notebooks)."""
+def _render(job: tuple) -> str:
+    student, notebooks, given = job
+    try:
+        return page(student, notebooks, given)
+    except Exception as exc:  # noqa: BLE001 -- one page that fails stops no other
+        return _plain_page(student, notebooks, given, exc)
+
+
+def write_pages(by_student: dict, folder: pathlib.Path, given=None, jobs: int = 1) -> list:
+    """Write ``folder/<student>.html`` for each student of ``by_student`` (student -> notebooks),
+    drawing ``jobs`` pages at once (forked processes: a timeline takes about a second)."""
+    import concurrent.futures
+    import multiprocessing
+
     folder.mkdir(parents=True, exist_ok=True)
     written: list[pathlib.Path] = []
-    for student, notebooks in by_student.items():
+    work = [(student, notebooks, given) for student, notebooks in by_student.items()]
+    if jobs > 1 and len(work) > 1:
+        fork = multiprocessing.get_context("fork")
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=fork) as pool:
+            texts = list(pool.map(_render, work, chunksize=4))
+    else:
+        texts = list(map(_render, work))
+    for (student, _, _), text in zip(work, texts):
         safe = re.sub(r"[^\w.-]", "_", student).strip(".") or "student"
         path, n = folder / f"{safe}.html", 1
         while path in written:  # "a b" and "a_b" get a page each
             n += 1
             path = folder / f"{safe}-{n}.html"
-        try:
-            text = page(student, notebooks, given)
-        except Exception as exc:  # noqa: BLE001 -- one page that fails stops no other
-            text = _plain_page(student, notebooks, given, exc)
         path.write_text(text)
         written.append(path)
     return written
