@@ -6,6 +6,7 @@ import re
 import signal
 import socket
 import subprocess
+import time
 import urllib.error
 import urllib.request
 
@@ -29,14 +30,25 @@ def status_or_none(url: str) -> int | None:
         return None
 
 
+def take(port: int) -> socket.socket:
+    """Listen on ``port`` ourselves, once whoever holds it now (a test on the other core that
+    runs `make lab` too) lets it go; bounded, so a port held for good fails the test plainly."""
+    for _ in range(1200):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
+            return sock
+        except OSError:
+            sock.close()
+            time.sleep(0.1)
+    raise AssertionError(f"port {port} stayed taken for 2 minutes")
+
+
 def test_make_lab_prints_a_url_whose_token_works(tmp_path):
     """With 8888 taken and no display, make lab picks another port and says there is no browser."""
-    taken = socket.socket()
-    try:
-        taken.bind(("127.0.0.1", 8888))
-        taken.listen()
-    except OSError:
-        pass  # something already listens on 8888: that is the case under test too
+    taken = take(8888)  # held by this test: another test's `make lab` may hold it only for a while
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "TOKEN", "PORT")}
     env["JUPYTER_CONFIG_DIR"] = str(tmp_path / "config")
     env["JUPYTER_RUNTIME_DIR"] = str(tmp_path / "runtime")
