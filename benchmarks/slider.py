@@ -28,7 +28,8 @@ matplotlib.use("Agg")
 
 from labkit.views.plot import timeline  # noqa: E402
 from labkit.scenarios import SCENARIOS  # noqa: E402
-from labkit.views.widgets import TimelineRenderer, _png_output, explore  # noqa: E402
+from labkit.views.screen import png_output  # noqa: E402
+from labkit.views.widgets import TimelineRenderer, explore  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -83,7 +84,7 @@ def display_costs(name: str = "expired_but_alive", n: int = 30) -> dict[str, flo
         return statistics.median(runs)
 
     costs["reused renderer -> inline PNG in widgets.Output"] = median(
-        lambda: setattr(out, "outputs", _png_output(renderer.png(result))))
+        lambda: setattr(out, "outputs", png_output(renderer.png(result))))
     costs["reused renderer -> widgets.Image"] = median(lambda: setattr(image, "value", renderer.png(result)))
 
     def fresh():

@@ -10,6 +10,7 @@ Two halves:
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -281,26 +282,36 @@ def play_buttons(page):
     return page.locator(".jp-CodeCell button.jupyter-button", has_text="▶").all()
 
 
-# True once the output under the clicked ▶ button shows the end of its story: a replay's
-# verdict (✓ or ✗) or a live demo's story dict with its outcome, and the button is enabled.
-_STORY_SHOWN_JS = r"""(button) => {
+# True once the clicked ▶ button is enabled again (its action has returned) and the output
+# under it shows a verdict or an observation (✓ or ✗) and at least ``pictures`` images.
+_STORY_SHOWN_JS = r"""([button, pictures]) => {
     const box = button.closest('.widget-vbox');
     const text = box?.querySelector('.widget-output')?.innerText ?? '';
-    return !button.disabled && /[✓✗]|'outcome'/.test(text);
+    return !button.disabled && /[✓✗]/.test(text) && box.querySelectorAll('img').length >= pictures;
 }"""
 
+# The PNG data of every image under a ▶ button, in page order.
+_BUTTON_PICTURES_JS = r"""(button) => [...button.closest('.widget-vbox').querySelectorAll('img')]
+    .map((img) => img.getAttribute('src') ?? '')"""
 
-def click_and_wait_for_story(page, button, timeout_ms: float) -> str:
-    """Click an instructor cell's ▶ button; wait until its story is shown and return its text."""
+
+def click_and_wait_for_story(page, button, timeout_ms: float, pictures: int = 0) -> str:
+    """Click an instructor cell's ▶ button; wait until its story and ``pictures`` images are
+    shown and return its text."""
     button.scroll_into_view_if_needed()
     button.click()
     handle = button.element_handle()
-    _wait_until(
-        page, _STORY_SHOWN_JS, handle, timeout_ms, f"{button.inner_text()!r} showed no story"
-    )
+    failure = f"{button.inner_text()!r} showed no story (or fewer than {pictures} pictures)"
+    _wait_until(page, _STORY_SHOWN_JS, [handle, pictures], timeout_ms, failure)
     return handle.evaluate(
         "(b) => b.closest('.widget-vbox').querySelector('.widget-output').innerText"
     )
+
+
+def button_pictures(button) -> list[bytes]:
+    """The images under a ▶ button, as the PNG bytes the kernel sent."""
+    sources = button.element_handle().evaluate(_BUTTON_PICTURES_JS)
+    return [base64.b64decode(_PNG_SRC.sub("", src)) for src in sources if _PNG_SRC.match(src)]
 
 
 def panel_cells(page) -> list:

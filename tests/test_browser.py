@@ -5,7 +5,8 @@ cells (recording the Run All time in ``build/run_all_seconds.json``), checks tha
 no output shows an error, saves each slider panel in its initial state to
 ``build/screenshots/<stem>-panel-<k>.png``, moves the first slider with the
 keyboard and checks that the plot under it changes, clicks every instructor ▶
-button and waits for its story (a replay's verdict, a live demo's outcome), and
+button and checks that it tells its story in words and draws each picture that its
+action draws when called directly (saved to ``<stem>-button-<k>-<i>.png``), and
 saves a full-page screenshot to ``build/screenshots/<notebook-stem>.png``.
 
 Environment:
@@ -33,8 +34,12 @@ import pytest
 from labkit.engines.servers import sweep
 from prerequisites import require
 
+from direct_buttons import direct_pictures, ink
+
 from browser_support import (
+    LIVE_SECONDS,
     LabServer,
+    button_pictures,
     error_outputs,
     first_slider_cell,
     click_and_wait_for_story,
@@ -140,7 +145,7 @@ def test_notebook_in_browser(notebook: Path, lab_server, page):
         save_panel_screenshots(page, notebook.stem)
         check_slider_redraws_plot(page)
         check_outputs(page)  # the slider's callbacks must not fail either
-        check_play_buttons_tell_their_story(page)
+        check_play_buttons_draw_their_story(page, notebook)
         check_outputs(page)
     finally:
         save_screenshot(page, notebook.stem)
@@ -232,13 +237,29 @@ def save_panel_screenshots(page, stem: str) -> None:
         cell.screenshot(path=str(SCREENSHOTS / f"{stem}-panel-{k}.png"))
 
 
-def check_play_buttons_tell_their_story(page) -> None:
-    """Each instructor ▶ button, clicked, shows its replay's verdict or its live demo's story."""
+def check_play_buttons_draw_their_story(page, notebook: Path) -> None:
+    """Each instructor ▶ button, clicked, tells its story in words (✓ or ✗, never a raw dict)
+    and draws every picture that its action draws when called directly, each with at least
+    0.9 of that picture's ink (0.6 for a run of real processes or servers, which differs from
+    one run to the next); saved to build/screenshots/<stem>-button-<k>-<i>.png."""
     buttons = play_buttons(page)
     assert buttons, "no ▶ button for the instructor cells"
-    for button in buttons:
-        story = click_and_wait_for_story(page, button, STORY_TIMEOUT_MS)
-        assert story.strip(), f"{button.inner_text()!r} showed nothing"
+    direct = direct_pictures(notebook, {"LABKIT_LIVE_SECONDS": LIVE_SECONDS})
+    assert len(direct) == len(buttons), "the page's ▶ buttons are not the lesson's"
+    for k, (button, expected) in enumerate(zip(buttons, direct), start=1):
+        label = button.inner_text()
+        assert expected, f"{label!r}: its action draws no picture even when called directly"
+        story = click_and_wait_for_story(page, button, STORY_TIMEOUT_MS, len(expected))
+        assert "{" not in story, f"{label!r} shows a raw value: {story!r}"
+        seen = button_pictures(button)
+        assert len(seen) == len(expected), f"{label!r}: {len(seen)} pictures, not {len(expected)}"
+        share = 0.6 if ("real" in label or "live demo" in label) else 0.9
+        for i, (shown, reference) in enumerate(zip(seen, expected), start=1):
+            (SCREENSHOTS / f"{notebook.stem}-button-{k}-{i}.png").write_bytes(shown)
+            assert ink(shown) > share * ink(reference), (
+                f"{label!r}, picture {i}: {ink(shown)} inked pixels, the same action called "
+                f"directly drew {ink(reference)}"
+            )
         wait_for_kernel_idle(page, KERNEL_TIMEOUT_MS)
 
 

@@ -19,6 +19,7 @@ from prerequisites import require
 
 from labkit.engines import etcd, etcd_cluster, redis, redis_pair, servers
 from labkit.errors import LabkitError
+from labkit.views import screen
 
 LESSON = pathlib.Path(__file__).resolve().parents[1] / "notebooks/04-who-issues-the-numbers.ipynb"
 LABELS = (
@@ -49,16 +50,17 @@ def lesson(monkeypatch):
     cells = [cells[1]] + [s for s in cells if "on_engine" in s]  # imports, helper, buttons
     actions, titles = {}, []
 
-    def show():
-        titles.append(plt.gca().get_title(loc="left").replace("\n", " "))
-        plt.close("all")
+    def draw(screen, result):  # what the screen's verdict line says
+        titles.append(result.verdict)
+        return real_draw(screen, result)
 
     space: dict = {}
     exec(cells[0], space)  # the lesson's imports
     space.update(button=lambda label, action: actions.setdefault(label, action))
     for source in cells[1:]:
         exec(source, space)
-    monkeypatch.setattr(space["plt"], "show", show)
+    real_draw = screen.Screen.draw
+    monkeypatch.setattr(screen.Screen, "draw", draw)
     assert tuple(actions) == LABELS
     return actions, titles
 

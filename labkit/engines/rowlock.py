@@ -16,7 +16,7 @@ from labkit.clock import RealClock
 from labkit.db import execute
 from labkit.engines import postgres
 from labkit.engines.postgres_db import connect, driver
-from labkit.engines.servers import MissingBinary
+from labkit.engines.servers import MissingBinary, Step
 from labkit.fence import Fence
 from labkit.errors import Busy, LabkitError, StaleGeneration
 
@@ -41,7 +41,8 @@ class RowLock:
     ``blocking`` (``pg_blocking_pids(b)``), B's ``wait_event`` and ``locks`` (rows of
     ``pg_locks``: locktype, relation, mode, granted, transaction id, holder's pid), and whether
     C's write on Y ``committed_beside`` it; how long B ``waited`` (seconds); ``refusal``, A's
-    later stale write's StaleGeneration (None if it landed); the stopped ``server_pid``."""
+    later stale write's StaleGeneration (None if it landed); the stopped ``server_pid``; the
+    ``steps`` of job X (B's wait, the raises of its fence, the writes), for the timeline."""
 
     a: int
     b: int
@@ -52,6 +53,7 @@ class RowLock:
     waited: float
     refusal: StaleGeneration | None
     server_pid: int
+    steps: tuple[Step, ...] = ()  # for the timeline: seconds since A's guard opened
 
     @property
     def text(self) -> str:
@@ -63,8 +65,8 @@ class RowLock:
         return "\n".join([
             f"A, backend {self.a}: Fence({X!r}).guard(7) is open, INV-1 written, not committed",
             f"B, backend {self.b}: Fence({X!r}).guard(8) waits (wait event {self.wait_event})",
-            f"{ok(self.blocking == {self.a})} pg_blocking_pids({self.b}) = "
-            + f"{set(self.blocking) or '{}'}: B is blocked by A",
+            f"{ok(self.blocking == {self.a})} pg_blocking_pids({self.b}) lists "
+            + f"{', '.join(map(str, sorted(self.blocking))) or 'nobody'}: B is blocked by A",
             f"{ok(any(row[:2] == ('tuple', 'job_fence') for row in self.locks))} B in pg_locks:",
             *rows,
             f"{ok(self.committed_beside)} C wrote job {Y!r} and committed while A was open",
@@ -89,6 +91,11 @@ def _play(watch, a, b, c, *, hold, timeout, server_pid) -> RowLock:
     pa, pb = (execute(db, "SELECT pg_backend_pid()")[0][0] for db in (a, b))
     fence_a, fence_b, fence_c = Fence(a, X), Fence(b, X), Fence(c, Y)
     seen: dict = {}
+    steps, t0 = [], _CLOCK.now()
+
+    def log(worker, action, outcome, generation, target, at=None) -> None:
+        at = _CLOCK.now() if at is None else at
+        steps.append(Step(at - t0, worker, action, outcome, generation, None, target))
 
     def b_writes() -> None:  # B's thread: it blocks on A's fence row
         started = _CLOCK.now()
@@ -96,6 +103,9 @@ def _play(watch, a, b, c, *, hold, timeout, server_pid) -> RowLock:
             with fence_b.guard(8) as tx:
                 seen["waited"] = _CLOCK.now() - started
                 tx.execute(UPSERT, (X, "INV-1", 200, 8))
+            log("B", "wait", "ok", 8, "fence row", at=started)
+            log("B", "raise", "ok", 8, X, at=started + seen["waited"])
+            log("B", "write", "ok", 8, "INV-1")
         except LabkitError as exc:
             seen["error"] = exc
 
@@ -103,6 +113,8 @@ def _play(watch, a, b, c, *, hold, timeout, server_pid) -> RowLock:
     try:
         with fence_a.guard(7) as tx:
             tx.execute(UPSERT, (X, "INV-1", 100, 7))
+            log("A", "raise", "ok", 7, X)
+            log("A", "write", "ok", 7, "INV-1")
             thread.start()
             deadline = _CLOCK.now() + timeout
             while not (event := execute(watch, WAITING, (pb,))[0][0]).startswith("Lock/"):
@@ -126,12 +138,17 @@ def _play(watch, a, b, c, *, hold, timeout, server_pid) -> RowLock:
             tx.execute(UPSERT, (X, "INV-1", 100, 7))
     except StaleGeneration as exc:
         refusal = exc
+    log("A", "write", "rejected" if refusal else "ok", 7, "INV-1")
     waited = seen.get("waited", float("nan"))
-    return RowLock(pa, pb, blocking, event, locks, bool(beside), waited, refusal, server_pid)
+    steps.sort(key=lambda step: step.time)
+    return RowLock(
+        pa, pb, blocking, event, locks, bool(beside), waited, refusal, server_pid, tuple(steps)
+    )
 
 
-def demo() -> None:
-    """The lesson's ▶ button: print the story, or what to install first."""
+def demo() -> RowLock | None:
+    """The lesson's ▶ button: print the story and return the run, or say what to install
+    first and return None."""
     try:
         postgres.require()
         driver()
@@ -139,4 +156,5 @@ def demo() -> None:
         return print(f"✗ this demo needs PostgreSQL's programs: {missing}")
     except LabkitError as missing:  # no psycopg
         return print(f"✗ this demo: {missing}")
-    print(run().text)
+    print((played := run()).text)
+    return played

@@ -6,7 +6,6 @@ shows a classroom's students (:mod:`labkit.engines.classroom`) from the server's
 
 import io
 import os
-import sys
 import threading
 import time
 from collections import Counter
@@ -17,8 +16,11 @@ from labkit.errors import check_number
 from labkit.processes.team import Team, proc_state
 from labkit.sim import Event, check, warnings
 
-__all__ = ["Demo", "Team", "draw", "png", "proc_state", "run_demo"]
+__all__ = ["Demo", "Team", "draw", "png", "proc_state", "run_demo", "run_of", "show_steps"]
 __all__ += ["draw_room", "room_history", "watch_room"]
+
+
+REAL_TIME = "seconds (real time)"  # the time axis of a run of real processes
 
 
 class Demo(Team):
@@ -48,9 +50,29 @@ class Demo(Team):
 
     def draw(self, ax=None):
         """Draw the timeline so far (see :func:`draw`); return the axes."""
+        return draw(self.history(), ax, now=self.now(), **self._knobs())
+
+    def current(self) -> SimpleNamespace:
+        """The run so far, as the timeline takes it (see :func:`run_of`)."""
+        return run_of(self.history(), now=self.now(), **self._knobs())
+
+    def _knobs(self) -> dict:
         params = {"protected": self.spec.protected, "ttl": self.spec.ttl, "seed": self.seed}
-        caption = self.story.get("caption")
-        return draw(self.history(), ax, now=self.now(), title=caption, params=params)
+        return {"params": params, "title": self.story.get("caption")}
+
+    @property
+    def text(self) -> str:
+        """The story so far in words: who was frozen with which generation, and how A's stale
+        write ended."""
+        if "frozen" not in self.story:
+            return "the story did not get as far as freezing A"
+        ended = {"ok": "✗ it landed", "rejected": "✓ the fence refused it"}
+        outcome = ended.get(self.story.get("outcome"), "it was not answered in time")
+        return (
+            f"{self.story['frozen']} was frozen holding the lease with generation "
+            f"{self.story['generation']}; B took over and committed; then A's stale write "
+            f"(generation {self.story['generation']}): {outcome}"
+        )
 
 
 def run_demo(seconds=None, *, protected=True, show=True, root=None):
@@ -106,14 +128,14 @@ def _key(e) -> tuple:
 
 
 def _screen(demo: Demo, show: bool):
-    """Show ``demo``'s timeline in a notebook; return ``redraw()``, which updates it in place."""
-    ipython = sys.modules.get("IPython")
-    if not (show and ipython and ipython.get_ipython()):
+    """Show ``demo``'s timeline (in a notebook); return ``redraw()``, which redraws it in place
+    (on a :class:`~labkit.views.screen.Screen`: a button's output keeps its updates too)."""
+    if not show:
         return lambda: None
-    from IPython.display import Image, display
+    from labkit.views.screen import show as show_run
 
-    handle = display(Image(data=png(demo.draw())), display_id=True)
-    return lambda: handle.update(Image(data=png(demo.draw())))
+    screen = show_run(demo.current())
+    return lambda: screen.draw(demo.current())
 
 
 def png(ax) -> bytes:
@@ -127,11 +149,27 @@ def png(ax) -> bytes:
 
 
 def draw(history, ax=None, *, params, now=None, title=None, lanes=14):
-    """Draw a run of real processes with :func:`labkit.views.plot.timeline` (``params`` in the
-    caption, ``lanes`` at most); return the axes. A freeze lasts from its ``pause`` to the next
-    ``resume`` or ``crash`` (or ``now``), a Busy call a wait; the title defaults to the verdict."""
+    """Draw a run of real processes (see :func:`run_of`) with :func:`labkit.views.plot.timeline`,
+    ``lanes`` at most; return the axes."""
     from labkit.views.plot import timeline
 
+    ax = timeline(run_of(history, params=params, now=now, title=title), ax, lanes=lanes)
+    ax.set_xlabel(REAL_TIME)
+    return ax
+
+
+def show_steps(history, *, params, title=None):
+    """Display a run of real processes on a :class:`~labkit.views.screen.Screen` (its picture
+    drawn where a button's callback shows it, too); return the screen."""
+    from labkit.views.screen import show as show_run
+
+    return show_run(run_of(history, params=params, title=title))
+
+
+def run_of(history, *, params, now=None, title=None) -> SimpleNamespace:
+    """A run of real processes as the timeline takes it: ``params`` in the caption; a freeze
+    lasts from its ``pause`` to the next ``resume`` or ``crash`` (or ``now``), a Busy call is a
+    wait; the verdict is ``title`` or else the checker's."""
     events = sorted((e for e in history if e.worker), key=lambda e: e.time)
     end = now if now is not None else max([e.time for e in events], default=0.0)
     drawn, ends = [], {}  # walking back in time: each worker's next resume or crash
@@ -147,10 +185,8 @@ def draw(history, ax=None, *, params, now=None, title=None, lanes=14):
     kinds = Counter(v.kind for v in found)
     verdict = title or ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) or "no violation"
     run = SimpleNamespace(history=drawn[::-1], violations=found, verdict=verdict, params=params)
-    run.warnings = warned
-    ax = timeline(run, ax, lanes=lanes)
-    ax.set_xlabel("seconds (real time)")
-    return ax
+    run.warnings, run.xlabel = warned, REAL_TIME
+    return run
 
 
 def room_history(rows) -> list[Event]:

@@ -64,11 +64,11 @@ def _fence_style() -> dict:
     return dict(color=COLOURS["fence"], drawstyle="steps-post", lw=width)
 
 
-def frame(ax, lanes: list[str], xmax: float) -> None:
+def frame(ax, lanes: list[str], xmax: float, xlabel: str = "virtual time (s)") -> None:
     """The parts that depend only on the lanes and the time range: ticks, grid, legend."""
     ax.set_yticks(range(len(lanes) + 1), lanes + ["fence"])
     ax.set(ylim=(len(lanes) + 0.6, -0.7), xlim=(-0.02 * xmax, xmax))
-    ax.set(xlabel="virtual time (s)", axisbelow=True)
+    ax.set(xlabel=xlabel, axisbelow=True)
     ax.grid(axis="x", alpha=0.3)
     ax.spines[["top", "right"]].set_visible(False)
     marks = styles()

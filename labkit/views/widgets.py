@@ -3,26 +3,20 @@
 The timeline is a PNG in a ``widgets.Output`` whose ``outputs`` are swapped in one update, so
 nothing flickers. :func:`replay` plays a run paced in wall-clock time (``simpy.rt``)."""
 
-import base64
 import html
-import io
 import os
 import re
 
 import ipywidgets as widgets
-import matplotlib as mpl
-import numpy as np
 from IPython.display import display
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.image import imsave
 from tabulate import tabulate
 
 from labkit.errors import BadArgument, BadArgumentType, LabkitError, check_number
 from labkit.sim.engine import POSITIVE_KNOBS, Result, play
 from labkit.sim.history import check
-from labkit.views.plot import add_artists, fill, fit_figure, frame, label_patches, point_in_data
-from labkit.views.scene import COLOURS, end_of, lanes_of, merge_lanes, scene, x_range
+from labkit.views.render import TimelineRenderer
+from labkit.views.screen import png_output, verdict_html
+from labkit.views.scene import COLOURS, end_of, x_range
 
 __all__ = ["explore", "replay", "button", "Explorer", "TimelineRenderer", "tables_html"]
 
@@ -33,93 +27,6 @@ SLIDER_KNOBS = frozenset(
 )
 _FIXED = ("seed", "protected")  # the controls every panel has
 _LIVE = "LABKIT_LIVE_SECONDS"  # if set, caps a whole replay at that many wall seconds
-
-
-#: the settings a picture depends on besides its run: presenter mode changes them
-_MODE = (
-    "font.size", "axes.titlesize", "axes.labelsize", "xtick.labelsize", "ytick.labelsize",
-    "legend.fontsize", "lines.linewidth", "lines.markersize", "hatch.linewidth", "axes.linewidth",
-)  # fmt: skip
-
-
-class _Frame:
-    """One figure for one (lanes, mode): its frame drawn once, its time axes kept per range."""
-
-    def __init__(self, lanes: list[str], xmax: float) -> None:
-        self.figure = Figure(dpi=80)
-        self.canvas = FigureCanvasAgg(self.figure)
-        self.ax = self.figure.add_subplot()
-        fit_figure(self.figure, len(lanes), top=0.25)  # the panel shows the title
-        frame(self.ax, lanes, xmax)
-        self.ax.xaxis.set_animated(True)
-        self.artists = add_artists(self.ax, animated=True)
-        self.canvas.draw()
-        self.background = self.canvas.copy_from_bbox(self.figure.bbox)
-        size = max(t.get_fontsize() for t in self.ax.get_legend().get_texts())
-        self.legend_text_px = size * self.figure.dpi / 72
-        self.ranges: dict = {}
-
-    def show_range(self, xmax: float) -> None:
-        """Set the time axis to ``xmax`` (always: the limits place every artist) and put its
-        pixels in the canvas, from the cache when this range was drawn before."""
-        self.ax.set_xlim(-0.02 * xmax, xmax)
-        if xmax in self.ranges:
-            return self.canvas.restore_region(self.ranges[xmax])
-        self.canvas.restore_region(self.background)
-        self.ax.draw_artist(self.ax.xaxis)
-        if len(self.ranges) >= 8:  # about 1 MB each
-            self.ranges.pop(next(iter(self.ranges)))
-        self.ranges[xmax] = self.canvas.copy_from_bbox(self.figure.bbox)
-
-
-class TimelineRenderer:
-    """Draw many runs fast as PNG bytes (for the panel): the picture of :func:`.plot.timeline`.
-
-    A picture is a function of the run, the lanes reserved here and the mode (presenter or not,
-    taken when the renderer is made): the same run gives the same bytes whatever was drawn
-    before. Caches only save time: a figure per (lanes, mode) whose frame is drawn once, and its
-    time axis per range. ``runs`` (or ``lanes``) reserve lanes, so that the picture keeps its
-    size while a slider moves; ``xmax`` fixes the range. After :meth:`png`: ``label_boxes``,
-    ``[(text, (x0, y0, x1, y1))]``, and ``legend_text_px``, the legend's em, both in image pixels
-    (origin top left)."""
-
-    def __init__(self, runs=(), *, xmax: float | None = None, lanes=()) -> None:
-        self.reserved = list(lanes)
-        for run in runs:
-            self.reserved = merge_lanes(self.reserved, lanes_of(run.history))
-        self.lanes, self.hold, self.xmax = list(self.reserved), xmax, None
-        self.mode = {k: mpl.rcParams[k] for k in _MODE}
-        self._frames: dict = {}
-        self._frame: _Frame | None = None
-        self.label_boxes, self.legend_text_px = [], 0.0
-
-    @property
-    def canvas(self):
-        """The canvas of the last picture."""
-        return self._frame.canvas
-
-    def png(self, result) -> bytes:
-        """Render ``result``'s timeline and return it as PNG bytes."""
-        with mpl.rc_context(self.mode):
-            self.lanes = merge_lanes(self.reserved, lanes_of(result.history))
-            self.xmax = self.hold or x_range(end_of(result.history))
-            key = tuple(self.lanes)
-            if key not in self._frames:
-                if len(self._frames) >= 4:
-                    self._frames.pop(next(iter(self._frames)))
-                self._frames[key] = _Frame(self.lanes, self.xmax)
-            self._frame = frame_ = self._frames[key]
-            self.legend_text_px = frame_.legend_text_px
-            frame_.show_range(self.xmax)
-            sc = scene(result, self.lanes, self.xmax, point_in_data(frame_.ax))
-            patches, self.label_boxes = label_patches(frame_.ax, sc)
-            for artist in fill(frame_.artists, sc) + patches:
-                artist.set_figure(frame_.figure)
-                frame_.ax.draw_artist(artist)
-            pixels = np.asarray(frame_.canvas.buffer_rgba())
-        png = io.BytesIO()
-        imsave(png, pixels, format="png", pil_kwargs={"compress_level": 1})  # level 6: +40% time
-        return png.getvalue()
 
 
 def tables_html(tables: dict, only=("invoices", "job_fence", "leases", "idempotency_keys")) -> str:
@@ -137,20 +44,6 @@ def tables_html(tables: dict, only=("invoices", "job_fence", "leases", "idempote
             f"{shown if rows else '<i>empty</i>'}{more}</div>"
         )
     return f"<div style='display:flex;flex-wrap:wrap;align-items:flex-start'>{''.join(parts)}</div>"
-
-
-def _verdict_html(result: Result) -> str:
-    colour, mark = (COLOURS["rejected"], "✗") if result.violations else (COLOURS["accepted"], "✓")
-    return (
-        f"<div style='font-size:115%;color:{colour};min-height:2.6em'><b>{mark}</b> "
-        f"{html.escape(result.verdict)}</div>"
-    )
-
-
-def _png_output(png: bytes) -> tuple:
-    """``png`` as the one output of a ``widgets.Output``."""
-    data = {"image/png": base64.b64encode(png).decode("ascii"), "text/plain": "timeline"}
-    return ({"output_type": "display_data", "metadata": {}, "data": data},)
 
 
 def _control(name: str, spec, default):
@@ -235,8 +128,8 @@ class Explorer(widgets.VBox):
             return None
         png = self.renderer.png(self.result)
         self.image.layout.min_height = f"{self.renderer.canvas.get_width_height()[1]}px"
-        self.image.outputs = _png_output(png)
-        self.verdict.value = _verdict_html(self.result)
+        self.image.outputs = png_output(png)
+        self.verdict.value = verdict_html(self.result)
         self.tables.value = tables_html(self.result.tables)
         return self.result
 
@@ -294,7 +187,9 @@ def button(label: str, action) -> widgets.VBox:
             with shown:
                 shown.clear_output()
                 value = action()
-                if value is not None:
+                if isinstance(value, str):
+                    print(value)  # a story in words, not its repr
+                elif value is not None:
                     display(value)
         finally:
             press.disabled = False
@@ -323,13 +218,13 @@ def replay(
     def step(sim) -> None:
         history = tuple(sim.history)
         partial = Result(params, history, {}, tuple(check(history)), "")
-        image.outputs = _png_output(renderer.png(partial))
+        image.outputs = png_output(renderer.png(partial))
         clock.value = f"<b>live</b> t = {sim.env.now:5.1f} s (virtual), ×{1 / factor:.1f}"
 
     every = max(0.25 / factor, 0.05)  # four pictures a wall second
     result = play(
         scenario, protected=protected, seed=seed, factor=factor, every=every, step=step, **knobs
     )
-    image.outputs = _png_output(renderer.png(result))
-    verdict.value = _verdict_html(result)
+    image.outputs = png_output(renderer.png(result))
+    verdict.value = verdict_html(result)
     return result

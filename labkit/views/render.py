@@ -1,0 +1,109 @@
+"""The timeline renderer: a run's picture as PNG bytes, fast enough for a slider.
+
+Every panel, replay, live demo and engine run draws through it (``widgets``, ``screen``).
+"""
+
+from __future__ import annotations
+
+import io
+
+import matplotlib as mpl
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.image import imsave
+
+from labkit.views.plot import add_artists, fill, fit_figure, frame, label_patches, point_in_data
+from labkit.views.scene import end_of, lanes_of, merge_lanes, scene, x_range
+
+__all__ = ["TimelineRenderer"]
+
+
+#: the settings a picture depends on besides its run: presenter mode changes them
+_MODE = (
+    "font.size", "axes.titlesize", "axes.labelsize", "xtick.labelsize", "ytick.labelsize",
+    "legend.fontsize", "lines.linewidth", "lines.markersize", "hatch.linewidth", "axes.linewidth",
+)  # fmt: skip
+
+
+class _Frame:
+    """One figure for one (lanes, mode): its frame drawn once, its time axes kept per range."""
+
+    def __init__(self, lanes: list[str], xmax: float, xlabel: str) -> None:
+        self.figure = Figure(dpi=80)
+        self.canvas = FigureCanvasAgg(self.figure)
+        self.ax = self.figure.add_subplot()
+        fit_figure(self.figure, len(lanes), top=0.25)  # the panel shows the title
+        frame(self.ax, lanes, xmax, xlabel)
+        self.ax.xaxis.set_animated(True)
+        self.artists = add_artists(self.ax, animated=True)
+        self.canvas.draw()
+        self.background = self.canvas.copy_from_bbox(self.figure.bbox)
+        size = max(t.get_fontsize() for t in self.ax.get_legend().get_texts())
+        self.legend_text_px = size * self.figure.dpi / 72
+        self.ranges: dict = {}
+
+    def show_range(self, xmax: float) -> None:
+        """Set the time axis to ``xmax`` (always: the limits place every artist) and put its
+        pixels in the canvas, from the cache when this range was drawn before."""
+        self.ax.set_xlim(-0.02 * xmax, xmax)
+        if xmax in self.ranges:
+            return self.canvas.restore_region(self.ranges[xmax])
+        self.canvas.restore_region(self.background)
+        self.ax.draw_artist(self.ax.xaxis)
+        if len(self.ranges) >= 8:  # about 1 MB each
+            self.ranges.pop(next(iter(self.ranges)))
+        self.ranges[xmax] = self.canvas.copy_from_bbox(self.figure.bbox)
+
+
+class TimelineRenderer:
+    """Draw many runs fast as PNG bytes (for the panel): the picture of :func:`.plot.timeline`.
+
+    A picture is a function of the run, the lanes reserved here and the mode (presenter or not,
+    taken when the renderer is made): the same run gives the same bytes whatever was drawn
+    before. Caches only save time: a figure per (lanes, mode) whose frame is drawn once, and its
+    time axis per range. ``runs`` (or ``lanes``) reserve lanes, so that the picture keeps its
+    size while a slider moves; ``xmax`` fixes the range. After :meth:`png`: ``label_boxes``,
+    ``[(text, (x0, y0, x1, y1))]``, and ``legend_text_px``, the legend's em, both in image pixels
+    (origin top left)."""
+
+    def __init__(
+        self, runs=(), *, xmax: float | None = None, lanes=(), xlabel: str = "virtual time (s)"
+    ) -> None:
+        self.xlabel = xlabel
+        self.reserved = list(lanes)
+        for run in runs:
+            self.reserved = merge_lanes(self.reserved, lanes_of(run.history))
+        self.lanes, self.hold, self.xmax = list(self.reserved), xmax, None
+        self.mode = {k: mpl.rcParams[k] for k in _MODE}
+        self._frames: dict = {}
+        self._frame: _Frame | None = None
+        self.label_boxes, self.legend_text_px = [], 0.0
+
+    @property
+    def canvas(self):
+        """The canvas of the last picture."""
+        return self._frame.canvas
+
+    def png(self, result) -> bytes:
+        """Render ``result``'s timeline and return it as PNG bytes."""
+        with mpl.rc_context(self.mode):
+            self.lanes = merge_lanes(self.reserved, lanes_of(result.history))
+            self.xmax = self.hold or x_range(end_of(result.history))
+            key = tuple(self.lanes)
+            if key not in self._frames:
+                if len(self._frames) >= 4:
+                    self._frames.pop(next(iter(self._frames)))
+                self._frames[key] = _Frame(self.lanes, self.xmax, self.xlabel)
+            self._frame = frame_ = self._frames[key]
+            self.legend_text_px = frame_.legend_text_px
+            frame_.show_range(self.xmax)
+            sc = scene(result, self.lanes, self.xmax, point_in_data(frame_.ax))
+            patches, self.label_boxes = label_patches(frame_.ax, sc)
+            for artist in fill(frame_.artists, sc) + patches:
+                artist.set_figure(frame_.figure)
+                frame_.ax.draw_artist(artist)
+            pixels = np.asarray(frame_.canvas.buffer_rgba())
+        png = io.BytesIO()
+        imsave(png, pixels, format="png", pil_kwargs={"compress_level": 1})  # level 6: +40% time
+        return png.getvalue()

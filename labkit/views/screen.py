@@ -1,0 +1,81 @@
+"""A picture in a notebook that is redrawn in place, inside a ▶ button's output as well.
+
+Why not the usual ways (both measured in JupyterLab 4 in Chromium, ipykernel 7):
+
+* ``display(..., display_id=True)`` then ``handle.update(...)``: inside an ``ipywidgets.Output``,
+  which is where a button shows what it does, the updates never arrive; the first frame stays.
+* ``plt.show()`` in a button's callback: the figure JupyterLab received was drawn in part
+  (0 to 5 % of the ink of the same call in a cell), on a pyplot figure in the inline backend.
+
+A picture here is PNG bytes from :class:`~labkit.views.render.TimelineRenderer`, the path
+every panel and replay draws through, set as an ``Output`` widget's ``outputs``: widget state,
+which the frontend applies wherever the widget is shown.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import sys
+
+import ipywidgets as widgets
+
+from labkit.views.render import TimelineRenderer
+
+__all__ = ["Screen", "png_output", "show", "verdict_html"]
+
+
+def png_output(png: bytes) -> tuple:
+    """``png`` as the one output of a ``widgets.Output``."""
+    data = {"image/png": base64.b64encode(png).decode("ascii"), "text/plain": "timeline"}
+    return ({"output_type": "display_data", "metadata": {}, "data": data},)
+
+
+def verdict_html(result) -> str:
+    """``result``'s verdict as a line of HTML: ✗ in red with violations, else ✓ in green."""
+    from labkit.views.scene import COLOURS
+
+    colour, mark = (COLOURS["rejected"], "✗") if result.violations else (COLOURS["accepted"], "✓")
+    return (
+        f"<div style='font-size:115%;color:{colour};min-height:2.6em'><b>{mark}</b> "
+        f"{html.escape(result.verdict)}</div>"
+    )
+
+
+class Screen:
+    """A timeline and its verdict that :meth:`draw` replaces in place."""
+
+    def __init__(self, min_height: str = "240px") -> None:
+        self.image = widgets.Output(layout=widgets.Layout(min_height=min_height))
+        self.verdict = widgets.HTML()
+        self.box = widgets.VBox([self.image, self.verdict])
+
+    def draw(self, result) -> bytes:
+        """Draw ``result`` (a Result, or anything :func:`.plot.timeline` takes) in place of the
+        picture before; return its PNG bytes."""
+        label = getattr(result, "xlabel", None) or "virtual time (s)"
+        png = TimelineRenderer([result], xlabel=label).png(result)
+        self.image.outputs = png_output(png)
+        self.verdict.value = verdict_html(result)
+        return png
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.box)
+
+
+def show(result) -> Screen:
+    """Display ``result``'s timeline and verdict on a new :class:`Screen`; return it."""
+    from IPython.display import display
+
+    screen = Screen()
+    screen.draw(result)
+    if _in_ipython():
+        display(screen)
+    return screen
+
+
+def _in_ipython() -> bool:
+    ipython = sys.modules.get("IPython")
+    return bool(ipython and ipython.get_ipython())
