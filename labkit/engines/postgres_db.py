@@ -34,7 +34,7 @@ GONE = (
 
 
 SHARED = (
-    "RealClock is this machine's time.monotonic(), its uptime: another machine using the same "
+    "RealClock is this machine's CLOCK_BOOTTIME, its uptime: another machine using the same "
     "server reads a different one, so two authorities can both see the lease free and two "
     "holders act at once. Leave clock out: leases on a server read the server's clock"
 )
