@@ -49,6 +49,13 @@ def common(a, b) -> float:
     return area((max(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3])))
 
 
+def outside(ax, drawn: list[dict]) -> list:
+    """The markers whose centre is off the axes (set apart past the edge of the chart)."""
+    (x0, y0), (x1, y1) = ax.get_window_extent().get_points()
+    centres = [((b[0] + b[2]) / 2, (b[1] + b[3]) / 2, m["kind"]) for m in drawn for b in [m["box"]]]
+    return [c for c in centres if not (x0 <= c[0] <= x1 and y0 <= c[1] <= y1)]
+
+
 def hidden(drawn: list[dict]) -> list[tuple]:
     """The pairs whose boxes cover each other by more than half, where the one drawn on top fills
     over half of the one below, or has no outline of its own against it (an edge of another
@@ -96,7 +103,8 @@ def test_no_marker_hides_another_in_a_lesson_timeline(name, run, drawn_lines):
     """Every plot.timeline a lesson's cells draw."""
     ax = timeline(run)
     ax.figure.canvas.draw()
-    assert hidden(markers(ax, lines_of(ax, drawn_lines))) == [], f"{name}: {run.params}"
+    drawn = markers(ax, lines_of(ax, drawn_lines))
+    assert hidden(drawn) == [] and outside(ax, drawn) == [], f"{name}: {run.params}"
 
 
 def knob_settings(panel) -> list[dict]:
@@ -123,7 +131,7 @@ def panel_markers(panel, seen: list) -> list[dict]:
 
 @pytest.mark.parametrize("name, call", CALLS, ids=CALL_IDS)
 def test_no_marker_hides_another_in_a_lesson_panel(name, call, drawn_lines):
-    """Every lesson panel, by its cell's own call, at its start and each control's ends."""
+    """Every lesson panel, by its cell's own call, at its start and each control's ends and middle."""
     panel = eval(call, {"explore": explore, **vars(labkit.scenarios)})
     seen, faults = 0, []
     for knobs in knob_settings(panel):
@@ -132,7 +140,8 @@ def test_no_marker_hides_another_in_a_lesson_panel(name, call, drawn_lines):
         if panel.result is None:  # a refusal in words: no picture to check
             continue
         seen += 1
-        found = hidden(panel_markers(panel, drawn_lines))
+        drawn = panel_markers(panel, drawn_lines)
+        found = hidden(drawn) + outside(panel.renderer.canvas.figure.axes[0], drawn)
         faults += [(knobs, f) for f in found[:3]]
     assert seen and faults == [], f"{name}: {len(faults)} faults, first {faults[:4]}"
 
