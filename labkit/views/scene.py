@@ -3,8 +3,11 @@
 :func:`scene` turns a Result into a :class:`Scene`, which the timeline and the panel's renderer
 both draw. Colours are Okabe-Ito (distinct for the common colour blindnesses)."""
 
+import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import matplotlib as mpl
 
@@ -44,11 +47,16 @@ _STEPS = (10, 12, 14, 16, 18, 20, 22, 25, 30, 35, 40, 45, 50, 60, 70, 80, 90, 10
 _QUIET = set("read acquire renew release wait pause resume crash raise response".split())
 
 
-def styles() -> dict:
+def styles() -> Mapping:
     """Marker styles by name, sized from the current ``lines.markersize`` (so presenter mode applies)."""
-    size = mpl.rcParams["lines.markersize"]
+    return _styles(mpl.rcParams["lines.markersize"])
+
+
+@functools.lru_cache(maxsize=8)
+def _styles(size: float) -> Mapping:
+    """The styles for one marker size, read-only, made once (a redraw asks for them six times)."""
     write = dict(ms=size * 1.3, mew=0.8, zorder=5)
-    return {
+    made = {
         "read": dict(marker="v", color=COLOURS["read"], ms=size * 0.8),
         "held": dict(marker=".", color="#aaaaaa", ms=size * 0.8),
         "crash": dict(marker="*", color=COLOURS["crash"], ms=size * 1.5),
@@ -66,6 +74,7 @@ def styles() -> dict:
             marker="D", mfc="none", mec="#777777", mew=1.2, ms=size * 1.9, zorder=5
         ),
     }
+    return MappingProxyType({name: MappingProxyType(style) for name, style in made.items()})
 
 
 def lanes_of(history, most: int = _MAX_LANES) -> list[str]:
@@ -144,7 +153,11 @@ def _spread(marks: list, pt: float) -> list:
     point in data units), so that no mark covers its neighbour: each run of marks closer than
     their half sizes is set side by side, in the given order, about the middle of its first and
     last x; a run that then reaches the one before joins it (one greedy pass, deterministic)."""
-    order = sorted(range(len(marks)), key=lambda i: marks[i][0])
+    xs = [x for x, _ in marks]
+    order = range(len(marks)) if xs == sorted(xs) else sorted(range(len(xs)), key=xs.__getitem__)
+    pairs = zip(order, order[1:])
+    if all(xs[j] - xs[i] >= (marks[i][1] + marks[j][1]) / 2 * pt for i, j in pairs):
+        return xs  # nothing close: the common case, kept cheap
     runs = []  # [first x, last x, sizes, span]: drawn from (first + last - span) / 2, step by step
     for i in order:
         x, size = marks[i]
@@ -274,10 +287,11 @@ def scene(result, lanes: list[str], xmax: float, pt: float | None = None) -> Sce
             kind = _write_kind(e, effects[index[id(e)] + 1 :]) if id(e) in index else _mark_of(e)
             if kind:
                 row.append((kind, e))
-        xs = [0.0] * len(row)
-        for reads in (True, False):  # a read sits above its lane: a row of its own
-            which = [k for k, (kind, _) in enumerate(row) if (kind == "read") == reads]
-            for k, x in zip(which, _spread([(row[k][1].time, ms[row[k][0]]) for k in which], pt)):
+        xs, rows = [e.time for _, e in row], {}
+        for k, (kind, _) in enumerate(row):  # a read sits above its lane: a row of its own
+            rows.setdefault(kind == "read", []).append(k)
+        for which in (ks for ks in rows.values() if len(ks) > 1):
+            for k, x in zip(which, _spread([(xs[k], ms[row[k][0]]) for k in which], pt)):
                 xs[k] = x
         for (kind, e), x in zip(row, xs):
             mark(kind, x, y - 0.42 if kind == "read" else y)
