@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import labkit.scenarios  # noqa: E402
-from labkit.views.plot import timeline  # noqa: E402
+from labkit.views.plot import present, timeline  # noqa: E402
 from labkit.views.widgets import explore  # noqa: E402
 from test_pictures import values  # noqa: E402
 from test_timeline_readable import CALL_IDS, CALLS, TIMELINE_IDS, TIMELINES  # noqa: E402
@@ -98,11 +98,13 @@ def close_figures():
     plt.close("all")
 
 
+@pytest.mark.parametrize("presenting", [False, True], ids=["normal", "presenter"])
 @pytest.mark.parametrize("name, run", TIMELINES, ids=TIMELINE_IDS)
-def test_no_marker_hides_another_in_a_lesson_timeline(name, run, drawn_lines):
-    """Every plot.timeline a lesson's cells draw."""
-    ax = timeline(run)
-    ax.figure.canvas.draw()
+def test_no_marker_hides_another_in_a_lesson_timeline(name, run, presenting, drawn_lines):
+    """Every plot.timeline a lesson's cells draw, in normal and in presenter mode (bigger marks)."""
+    with present(presenting):
+        ax = timeline(run)
+        ax.figure.canvas.draw()
     drawn = markers(ax, lines_of(ax, drawn_lines))
     assert hidden(drawn) == [] and outside(ax, drawn) == [], f"{name}: {run.params}"
 
