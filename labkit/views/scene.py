@@ -3,8 +3,11 @@
 :func:`scene` turns a Result into a :class:`Scene`, which the timeline and the panel's renderer
 both draw. Colours are Okabe-Ito (distinct for the common colour blindnesses)."""
 
+import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import matplotlib as mpl
 
@@ -44,11 +47,16 @@ _STEPS = (10, 12, 14, 16, 18, 20, 22, 25, 30, 35, 40, 45, 50, 60, 70, 80, 90, 10
 _QUIET = set("read acquire renew release wait pause resume crash raise response".split())
 
 
-def styles() -> dict:
+def styles() -> Mapping:
     """Marker styles by name, sized from the current ``lines.markersize`` (so presenter mode applies)."""
-    size = mpl.rcParams["lines.markersize"]
+    return _styles(mpl.rcParams["lines.markersize"])
+
+
+@functools.lru_cache(maxsize=8)
+def _styles(size: float) -> Mapping:
+    """The styles for one marker size, read-only, made once (a redraw asks for them six times)."""
     write = dict(ms=size * 1.3, mew=0.8, zorder=5)
-    return {
+    made = {
         "read": dict(marker="v", color=COLOURS["read"], ms=size * 0.8),
         "held": dict(marker=".", color="#aaaaaa", ms=size * 0.8),
         "crash": dict(marker="*", color=COLOURS["crash"], ms=size * 1.5),
@@ -66,6 +74,7 @@ def styles() -> dict:
             marker="D", mfc="none", mec="#777777", mew=1.2, ms=size * 1.9, zorder=5
         ),
     }
+    return MappingProxyType({name: MappingProxyType(style) for name, style in made.items()})
 
 
 def lanes_of(history, most: int = _MAX_LANES) -> list[str]:
@@ -139,16 +148,55 @@ def _intervals(events, end: float):
     return leases, pauses, waits, expiries
 
 
-def _spread(xs: list, width: float) -> list:
-    """``xs`` (sorted), each run of points closer than ``width`` set ``width`` apart about its middle."""
-    out, run = [], []
-    for x in [*xs, math.inf]:
-        if run and x - run[-1] >= width:
-            mid = (run[0] + run[-1]) / 2
-            out += [mid + (k - (len(run) - 1) / 2) * width for k in range(len(run))]
-            run = []
-        run.append(x)
-    return out
+def _spread(marks: list, pt: float) -> list:
+    """The x at which to draw each ``(x, size)`` mark of one row (``size`` in points, ``pt`` a
+    point in data units), so that no mark covers its neighbour: each run of marks closer than
+    their half sizes is set side by side, in the given order, about the middle of its first and
+    last x; a run that then reaches the one before joins it (one greedy pass, deterministic)."""
+    xs = [x for x, _ in marks]
+    order = range(len(marks)) if xs == sorted(xs) else sorted(range(len(xs)), key=xs.__getitem__)
+    pairs = zip(order, order[1:])
+    if all(xs[j] - xs[i] >= (marks[i][1] + marks[j][1]) / 2 * pt for i, j in pairs):
+        return xs  # nothing close: the common case, kept cheap
+    runs = []  # [first x, last x, sizes, span]: drawn from (first + last - span) / 2, step by step
+    for i in order:
+        x, size = marks[i]
+        runs.append([x, x, [size], 0.0])
+        while len(runs) > 1:
+            (a0, a1, a, span), (b0, b1, b, _) = runs[-2:]
+            gap = (a[-1] + b[0]) / 2 * pt
+            if (b0 + b1 - runs[-1][3]) / 2 - (a0 + a1 + span) / 2 >= gap:
+                break
+            last = runs.pop()
+            runs[-1][1], runs[-1][3] = last[1], span + gap + last[3]
+            runs[-1][2].extend(last[2])
+    drawn = [0.0] * len(marks)
+    for at, i in zip((x for run in runs for x in _layout(run, pt)), order):
+        drawn[i] = at
+    return drawn
+
+
+def _layout(run: list, pt: float):
+    """A run's marks side by side, each its and its neighbour's half sizes apart."""
+    first, last, sizes, span = run
+    x = (first + last - span) / 2
+    yield x
+    for a, b in zip(sizes, sizes[1:]):
+        x += (a + b) / 2 * pt
+        yield x
+
+
+def _mark_of(e) -> str | None:
+    """The marker of an event that is not an effect (None: it shows as a span or not at all)."""
+    if e.action == "read":
+        return "read" if e.outcome == "ok" else None
+    if e.action == "acquire":
+        return "held" if e.outcome != "ok" else None
+    if e.action == "response":
+        return "lost" if e.outcome == "lost" else None
+    if e.action == "crash":
+        return "crash"
+    return None if e.action in _QUIET else "other"
 
 
 def _write_kind(e, later) -> str:
@@ -201,11 +249,12 @@ class Scene:
 
 def scene(result, lanes: list[str], xmax: float, pt: float | None = None) -> Scene:
     """Turn a Result into a :class:`Scene` for lanes ``lanes`` on a time axis up to ``xmax``;
-    ``pt``, a point in data units (default: a 10-inch axis), sets close write markers apart."""
+    ``pt``, a point in data units (default: a 10-inch axis), sets close markers apart."""
     history, end = list(result.history), end_of(result.history)
     near, shown = xmax * 0.045, set(lanes)
-    width = styles()["accepted"]["ms"] * (pt or xmax / 720)
+    pt, ms = pt or xmax / 720, {name: style["ms"] for name, style in styles().items()}
     effects = [e for e in history if e.action in EFFECTS]
+    index = {id(e): i for i, e in enumerate(effects)}  # by identity, as ``drawn`` below
     spans = {"lease": [], "pause": [], "wait": []}
     ticks, points, labels, drawn = [], {}, [], {}
 
@@ -216,7 +265,10 @@ def scene(result, lanes: list[str], xmax: float, pt: float | None = None) -> Sce
         if worker == OTHERS:
             rest = [e for e in history if e.worker not in shown]
             refused = [e for e in rest if e.action == "acquire" and e.outcome != "ok"]
-            points.setdefault("held", []).extend((x, y) for x in sorted({e.time for e in refused}))
+            times = sorted({e.time for e in refused})
+            points.setdefault("held", []).extend(
+                (x, y) for x in _spread([(t, ms["held"]) for t in times], pt)
+            )
             n = len({e.worker for e in rest})
             text = f"{n} more workers: {len(refused)} refused attempts" if n else "no other workers"
             labels.append((text, 0.0, y, "note"))
@@ -230,27 +282,24 @@ def scene(result, lanes: list[str], xmax: float, pt: float | None = None) -> Sce
         for a, b, point in pauses:
             if point and b - a > near * 2.5:
                 labels.append((f"paused at {point}", a + near * 0.2, y, "pause"))
-        others = 0
+        row = []  # (marker, event) in the order of the history
         for e in mine:
-            if e.action == "read" and e.outcome == "ok":
-                mark("read", e.time, y - 0.42)
-            elif e.action == "acquire" and e.outcome != "ok":
-                mark("held", e.time, y)
-            elif e.action == "crash":
-                mark("crash", e.time, y)
-            elif e.action == "response" and e.outcome == "lost":
-                mark("lost", e.time, y)
-            elif e.action not in _QUIET and e.action not in EFFECTS:
-                mark("other", e.time, y)
-                others += 1
-                if others <= 6:
-                    labels.append((e.action, e.time, y, "other"))
-        writes = [(i, e) for i, e in enumerate(effects) if e.worker == worker]
-        for (i, e), x in zip(writes, _spread([e.time for _, e in writes], width)):
-            mark(_write_kind(e, effects[i + 1 :]), x, y)
+            kind = _write_kind(e, effects[index[id(e)] + 1 :]) if id(e) in index else _mark_of(e)
+            if kind:
+                row.append((kind, e))
+        xs, rows = [e.time for _, e in row], {}
+        for k, (kind, _) in enumerate(row):  # a read sits above its lane: a row of its own
+            rows.setdefault(kind == "read", []).append(k)
+        for which in (ks for ks in rows.values() if len(ks) > 1):
+            for k, x in zip(which, _spread([(xs[k], ms[row[k][0]]) for k in which], pt)):
+                xs[k] = x
+        for (kind, e), x in zip(row, xs):
+            mark(kind, x, y - 0.42 if kind == "read" else y)
             drawn[id(e)] = x  # by identity: an event of JSON's lists cannot be hashed
-            if len(writes) <= 12 and e.target:
-                labels.append((str(e.target), x, y, "target"))
+        others = [(e.action, x) for (kind, e), x in zip(row, xs) if kind == "other"]
+        writes = [(e.target, x) for (_, e), x in zip(row, xs) if id(e) in index]
+        labels += [(text, x, y, "other") for text, x in others[:6]]
+        labels += [(str(t), x, y, "target") for t, x in writes if len(writes) <= 12 and t]
         for v in result.violations:
             if v.event.worker == worker:
                 mark("violation", drawn.get(id(v.event), v.event.time), y)
