@@ -18,6 +18,7 @@ from pathlib import Path
 
 import ipywidgets
 import matplotlib
+import matplotlib.pyplot
 import numpy as np
 from PIL import Image
 
@@ -67,6 +68,7 @@ def direct_pictures(notebook: Path, env: dict[str, str]) -> list[list[bytes]]:
     finally:
         views.button, ipywidgets.Output.__init__ = real_button, real_init
         os.chdir(here)
+        matplotlib.pyplot.close("all")  # the lesson's own figures, drawn here for no one
         for k, v in saved.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
     return drawn
