@@ -3,6 +3,7 @@ effects are drawn for what they are, and presenter mode really is bigger on scre
 
 import itertools
 import json
+import re
 
 import matplotlib
 import pytest
@@ -13,8 +14,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import labkit.scenarios  # noqa: E402
 from labkit.scenarios import SCENARIOS, email_transfer, version_wait  # noqa: E402
 from labkit.views.plot import present, timeline  # noqa: E402
-from labkit.views.scene import end_of, lanes_of, scene, x_range  # noqa: E402
-from labkit.views.widgets import TimelineRenderer, explore  # noqa: E402
+from labkit.views.scene import PAUSE_WORDS, end_of, lanes_of, scene, x_range  # noqa: E402
+from labkit.views.widgets import TimelineRenderer, explore, tables_html  # noqa: E402
 from test_panels import CELLS, NOTEBOOKS  # noqa: E402
 
 OUTPUT_PX = 964  # a notebook output's width in JupyterLab, in a 1400 px wide Chromium window
@@ -190,3 +191,19 @@ def test_presenter_text_is_half_again_as_tall_on_screen():
     height = {r: {t: y1 - y0 for t, (_, y0, _, y1) in r.label_boxes} for r in (normal, big)}
     for text, tall in height[normal].items():
         assert displayed(big, height[big][text]) >= 1.5 * displayed(normal, tall), text
+
+
+@pytest.mark.parametrize("protected", [False, True])
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_a_student_reads_plain_words_and_plain_numbers(name, protected):
+    """Every scenario, at its own knobs: each pause on its timeline is told in words ("paused
+    after its read", never a step's internal name such as "at after-read"), and its panel's
+    tables show no float noise (20, not 19.999999999999996)."""
+    run = SCENARIOS[name](protected=protected)
+    lanes = lanes_of(run.history)
+    said = [text for text, *_, kind in scene(run, lanes, x_range(end_of(run.history))).labels]
+    for text in (t for t in said if t.startswith("paused")):
+        assert text.removeprefix("paused ") in PAUSE_WORDS.values(), text
+    cells = re.findall(r"<td[^>]*>([^<]*)</td>", tables_html(run.tables))
+    noisy = [c for c in cells if re.fullmatch(r"-?\d+\.\d{7,}", c)]
+    assert not noisy, noisy

@@ -247,6 +247,20 @@ class Scene:
     caption: str
 
 
+#: where a worker pauses (a fault's point), in the words a student reads on the timeline
+PAUSE_WORDS = {
+    "after-read": "after its read", "after-write": "after its write", "gc": "for garbage collection",
+    "before-step": "before its next step", "between": "between its two writes",
+    "inside-write": "inside its write", "before-c2": "before its second commit",
+    "restart": "while it restarts", "network down": "while its network is down",
+}  # fmt: skip
+
+
+def pause_words(point: str) -> str:
+    """``point`` as words: "paused after its read", never "paused at after-read"."""
+    return PAUSE_WORDS.get(point, "at " + point.replace("-", " ").replace("_", " "))
+
+
 def scene(result, lanes: list[str], xmax: float, pt: float | None = None) -> Scene:
     """Turn a Result into a :class:`Scene` for lanes ``lanes`` on a time axis up to ``xmax``;
     ``pt``, a point in data units (default: a 10-inch axis), sets close markers apart."""
@@ -281,7 +295,7 @@ def scene(result, lanes: list[str], xmax: float, pt: float | None = None) -> Sce
         ticks += [(x, y) for x in expiries]
         for a, b, point in pauses:
             if point and b - a > near * 2.5:
-                labels.append((f"paused at {point}", a + near * 0.2, y, "pause"))
+                labels.append((f"paused {pause_words(point)}", a + near * 0.2, y, "pause"))
         row = []  # (marker, event) in the order of the history
         for e in mine:
             kind = _write_kind(e, effects[index[id(e)] + 1 :]) if id(e) in index else _mark_of(e)

@@ -33,7 +33,7 @@ def tables_html(tables: dict, only=("invoices", "job_fence", "leases", "idempote
     """A Result's tables as escaped HTML tables (12 rows each), side by side, for the panel."""
     parts = []
     for name in (n for n in only if n in tables):
-        rows = tables[name]
+        rows = [{k: _readable(v) for k, v in row.items()} for row in tables[name]]
         shown = tabulate(
             rows[:12], "keys", "html", disable_numparse=True, stralign=None, numalign=None
         ).replace("<table>", "<table style='border-collapse:collapse'>")
@@ -44,6 +44,11 @@ def tables_html(tables: dict, only=("invoices", "job_fence", "leases", "idempote
             f"{shown if rows else '<i>empty</i>'}{more}</div>"
         )
     return f"<div style='display:flex;flex-wrap:wrap;align-items:flex-start'>{''.join(parts)}</div>"
+
+
+def _readable(value):
+    """A table's float as the eye reads it (6 significant digits): 20, not 19.999999999999996."""
+    return f"{value:.6g}" if isinstance(value, float) else value
 
 
 def _control(name: str, spec, default):
