@@ -37,9 +37,10 @@ def prefix(task_id: str) -> tuple:
     raise KeyError(task_id)
 
 
-def judged(task_id: str, name: str, sources: dict, timeout: float = 10.0) -> dict:
+def judged(task_id: str, name: str, sources: dict, timeout: float = 10.0, run=None) -> dict:
     """``{label: Report}`` for each answer cell of ``sources``, in one sandbox (a fresh
-    one, with the prefix run again, after an answer that broke it)."""
+    one, with the prefix run again, after an answer that broke it), in the run seeded ``run``
+    (None: drawn from the operating system)."""
     out, box = {}, None
     try:
         for label, source in sources.items():
@@ -55,7 +56,7 @@ def judged(task_id: str, name: str, sources: dict, timeout: float = 10.0) -> dic
             except judge.Refused as exc:
                 out[label] = refused(task_id, f"the answer cell broke the sandbox: {exc}", name)
                 continue
-            out[label] = judge.attempt(box, task_id, name)
+            out[label] = judge.attempt(box, task_id, name, run=run)
     finally:
         if box is not None:
             box.close()

@@ -444,8 +444,9 @@ def record_batch(conn, job, generation, invoices):
     except labkit.StaleGeneration:
         return False
     return True
-''', "writes become visible together", ("all or nothing", "equal")),  # B between two of its
-    # transactions (a boundary only the enumeration reaches) has its own batch refused halfway
+''', "the batch is all or nothing", "all or nothing"),  # B between two of its
+    # transactions (a boundary only the enumeration reaches) sees half of A's batch: A's half
+    # is not judged again (it blamed "equal" or "newer" by the generation the run drew)
     "a conditional UPDATE whose row count is ignored": (_UPSERT + '''
 def record_batch(conn, job, generation, invoices):
     conn.execute("BEGIN IMMEDIATE")

@@ -159,6 +159,23 @@ def test_cli_writes_scorecard_junit_and_csv(graded, tmp_path):
     assert "constant: 10/20 points" in page and page.count("data:image/png;base64,") == len(seeded)
 
 
+def test_the_run_seed_is_recorded_and_replays_the_run(graded, tmp_path):
+    """Without --seed each run draws its seed from the OS and every CSV row records it; with
+    --seed N the rows say N, the replay calls name run=N, and two runs write the same CSV."""
+    subs, tables = graded[0] / "subs", []
+    for name, seed in [("drawn", []), ("a", ["--seed", "4242"]), ("b", ["--seed", "4242"])]:
+        out = subprocess.run([sys.executable, "-m", "labkit.grade", str(subs), "--only", "partial",
+                              "--csv", str(tmp_path / f"{name}.csv"), *seed],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        tables.append(list(csv.DictReader((tmp_path / f"{name}.csv").open())))
+        assert not seed or "run=4242)" in out.stdout, out.stdout
+    drawn, a, b = tables
+    assert all(r["seed"].isdigit() for r in drawn) and len({r["seed"] for r in drawn}) == 1, drawn
+    assert {r["seed"] for r in a} == {"4242"} and a == b, (a, b)
+    assert [r["points"] for r in drawn] == [r["points"] for r in a], (drawn, a)
+
+
 def test_a_partly_right_answer_scores_the_properties_it_keeps(graded):
     """Forgetting the margin breaks some of 05.1's properties, not all: the others score."""
     report = graded[1]["partial"].results["05.1"]

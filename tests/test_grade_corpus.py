@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from labkit.grading import grader, notebooks
+from labkit.grading import grader, notebooks, verdicts
 
 import answers
 import corpus_part1
@@ -63,7 +63,8 @@ def graded(tmp_path_factory):
             folder = root / f"{student}-{path.stem[:2]}"
             folder.mkdir()
             (folder / path.name).write_text(json.dumps(nb))
-    subs = grader.grade([str(root)], cell_timeout=60, jobs=2)
+    # one OS-drawn seed for every notebook: the tampered copy is judged on the wrong one's inputs
+    subs = grader.grade([str(root)], cell_timeout=60, jobs=2, seed=verdicts.draw_seed())
     pages = {p.stem: p.read_text() for p in grader.write_feedback(subs, root.parent / "pages")}
     return {s.student: s for s in subs} | {"pages": pages}
 

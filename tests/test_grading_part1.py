@@ -174,10 +174,13 @@ def test_every_prediction_property_sees_overwrites_and_safe_runs():
 def test_an_answer_that_only_looks_busy_scores_nothing(task_id, head, body):
     """01.1 handing back the history (or its ends), 04.1 touching the counter row and issuing a
     constant, 04.2 updating leases and deleting none: no property scores (0 points), though an
-    UPDATE counts as a change for SQLite and the history's events come in order."""
+    UPDATE counts as a change for SQLite and the history's events come in order; in every one of
+    a few runs with seeds the OS drew (a slice of a history once found a lost write by luck)."""
     import contextlib
 
     name = head.split("(")[0]
     answer = define(f"def {head}:\n    {body}\n", name)
-    report = labkit.grading.verdict(task_id, lambda: contextlib.nullcontext(answer), name)
-    assert report.total()[0] == 0 and not any(f.scored for f in report.findings), report.text()
+    for _ in range(4):
+        report = labkit.grading.verdict(task_id, lambda: contextlib.nullcontext(answer), name)
+        scored = report.total()[0] or any(f.scored for f in report.findings)
+        assert not scored, f"run {report.run}: {report.text()}"

@@ -48,9 +48,9 @@ class CheckFailed(LabkitError, AssertionError):
         return [f"{type(self).__name__}: {self}"]
 
 
-def check(task_id: str, answer: Any) -> None:
-    """Judge the kernel's cells so far (``In``) for ``task_id`` out of process; print the
-    scorecard. Raises :class:`CheckFailed` (with it), or BadArgument (no such task, no notebook)."""
+def check(task_id: str, answer: Any, *, run: int | None = None) -> None:
+    """Judge the kernel's cells so far (``In``) for ``task_id`` out of process, in the run seeded
+    ``run`` (None: drawn from the operating system); print the scorecard. Raises :class:`CheckFailed` (with it), or BadArgument (no such task, no notebook)."""
     import json
     import subprocess
 
@@ -68,6 +68,7 @@ def check(task_id: str, answer: Any) -> None:
         cached = [linecache.cache.get(name) for name in getattr(shell.compile, "_filename_map", ())]
         sources = ["".join(entry[2]) for entry in cached if entry]
     argv = [sys.executable, "-m", "labkit.grading.judge", task_id, name]
+    argv += [] if run is None else [str(int(run))]
     pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with subprocess.Popen(argv, **pipes) as judge:  # it starts while the task id is looked up
         try:
@@ -92,9 +93,10 @@ def check(task_id: str, answer: Any) -> None:
     print(report.text())
 
 
-def replayed(task_id: str, answer: Any, *, seed: int):
-    """Re-run the schedule ``seed`` of ``task_id`` in this process: the run as a Result (its
-    history is what the trial saw the answer do, up to where a property broke)."""
+def replayed(task_id: str, answer: Any, *, seed: int, run: int | None = None):
+    """Re-run the schedule ``seed`` of ``task_id`` of the run seeded ``run`` (a report's; None:
+    the fixed draws) in this process: the run as a Result (its history is what the trial saw
+    the answer do, up to where a property broke)."""
     from labkit.sim.engine import Result
     from labkit.sim.history import check as find, warnings
 
@@ -102,10 +104,10 @@ def replayed(task_id: str, answer: Any, *, seed: int):
 
     def probe(row) -> list:  # the boundaries the answer's call reaches, in this process
         end = _verdict.SPREAD + row.seed
-        return _run(t, lambda: contextlib.nullcontext(answer), _verdict.schedule_of(t, end), [],
-                    set(), []).get("keys", [])  # fmt: skip
+        at = _verdict.schedule_of(t, end, run=run)
+        return _run(t, lambda: contextlib.nullcontext(answer), at, [], set(), []).get("keys", [])
 
-    schedule, history, later = _verdict.schedule_of(t, seed, probe), [], []
+    schedule, history, later = _verdict.schedule_of(t, seed, probe, run), [], []
     try:
         _run(t, lambda: contextlib.nullcontext(answer), schedule, history, set(), later)
         words = [t.properties.get(b.prop, b.prop) for first in later for b in (first, *first.more)]
@@ -119,12 +121,12 @@ def replayed(task_id: str, answer: Any, *, seed: int):
     return Result(params, tuple(history), {}, found, verdict, warned)
 
 
-def replay(task_id: str, answer: Any, *, seed: int, ax=None) -> None:
-    """Re-run the schedule ``seed`` of ``task_id`` and draw its timeline (on ``ax``, or a new
+def replay(task_id: str, answer: Any, *, seed: int, run: int | None = None, ax=None) -> None:
+    """Re-run the schedule ``seed`` of ``task_id`` (of the run seeded ``run``) and draw its timeline (on ``ax``, or a new
     figure); it returns nothing, so the notebook shows the picture and no ``<Axes ...>``."""
     from labkit.views.plot import timeline
 
-    timeline(replayed(task_id, answer, seed=seed), ax=ax)
+    timeline(replayed(task_id, answer, seed=seed, run=run), ax=ax)
 
 
 #: where :func:`keys` reads the answer keys: the course's own solutions/ unless the judge is

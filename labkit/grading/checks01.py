@@ -46,6 +46,11 @@ def _story(rng: Random, story: str) -> list:
         ev("B", "write", "ok", 8, "INV-2")  # C's INV-2 is lost
         ev("A", "write", "ok", 7, "INV-3")  # B's INV-3 is lost
         ev("A", "write", "ok", 7, "INV-4")  # nobody else wrote INV-4: nothing lost
+    elif story == "chain":  # each trap beside lost writes the overwriting ones overlap
+        for w, gen, target in [("F", 20, 4), ("D", 6, 3), ("C", 9, 1), ("B", 8, 1), ("A", 7, 1),
+                               ("G", 30, 2), ("G", 30, 2), ("H", 40, 5)]:  # fmt: skip
+            ev(w, "write", "ok", gen, f"INV-{target}")  # C's and B's INV-1 are lost
+        ev("E", "write", "rejected", 5, "INV-5")
     elif story == "clean":
         run("A", 7, ["INV-1", "INV-2"])
         run("B", 8, ["INV-1", "INV-1", "INV-3"])  # newer over older, equal over equal: fine
@@ -72,6 +77,7 @@ LOST_HOSTILE = hostile(
     ("the same story behind a fence: A's write is rejected", "fenced"),
     ("three workers, three lost writes, and writes that look alike", "several"),
     ("a clean history with rejected and crashed writes", "clean"),
+    ("a chain of lost writes beside one trap of each mistake", "chain"),
 )
 
 
@@ -131,8 +137,16 @@ def lost_updates_check(answer, schedule: Schedule, history: list) -> None:
         told = len({i for i in errors if (i in m) == (i in ids)}) + (m == set(ids)) / 2
         why[p] = max(why.get(p, 0), told)
     broken = max(why, key=why.get) if errors and max(why.values()) else "victims"
+    if errors and schedule.knobs["story"] == "random":  # a row no property is meant for
+        exact = {p for p, m in mistakes if m == set(ids)}  # blames only a mistake it is, alone:
+        if len(exact) != 1:  # else a tie (or a near miss) blames another property by chance
+            return
+        (broken,) = exact
     found = [want] + [m for _, m in mistakes]  # the sets a finder gives: order is judged there
-    hit = want & set(ids)  # a trap avoided counts only where it found a lost write
+    hit = want & set(ids)  # a trap avoided counts only where it found a lost write, in a story
+    story_meant = schedule.knobs["story"] != "random"  # meant for it: luck is no proof
+    finders = set(ids) <= want.union(*(m for _, m in mistakes))  # it returned what some rule finds
+    hit = hit if story_meant and finders else set()  # (a slice of the history finds by position)
     for p, m in mistakes:  # the traps this answer avoided
         trap = m - want
         if p != broken and hit and (trap and not trap & set(ids) or not errors and m != want):
@@ -142,7 +156,7 @@ def lost_updates_check(answer, schedule: Schedule, history: list) -> None:
         told = [f"{e.worker}'s {e.target} (gen {e.generation}, t={e.time:g})" for e in picked]
         return ", ".join(told) or "none"
 
-    if len(ids) > 1 and set(ids) in found and (ordered or not errors):
+    if len(ids) > 1 and set(ids) in found and (ordered or not errors) and story_meant:
         expect(ordered, LOST_PROPS["in order"], f"they came as {show(got)}", prop="in order")
     expect(
         not errors,
@@ -163,13 +177,28 @@ PREDICT_PROPS = {
     "edges": "right from a quarter second before the lease expires to a quarter second "
     "after B writes INV-1, ties included",
 }
-_TTLS = (0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 45.25, 60.0, 90.0)
 
 
 def _overwrite_knobs(rng: Random) -> dict:
-    offset = rng.choice([-7.0, -1.0, -0.25, 0.0, 0.5, 1.0, 1.25, 1.5, 1.75, 2.0, 4.0, 20.0, 45.0])
-    ttl = rng.choice(_TTLS[2:] if EDGES[0] <= offset <= EDGES[1] else _TTLS)
-    return {"pause": max(0.0, ttl + offset), "ttl": ttl}
+    """Half the pauses near the edges (quarter seconds: the ties exact), half far before or
+    after, over leases of 0.5 to 120 s: too many to keep a table of."""
+    if rng.random() < 0.5:
+        ttl = rng.randrange(10, 481) / 4
+        return {"pause": ttl + rng.randrange(-1, 8) / 4, "ttl": ttl}
+    ttl = rng.randrange(2, 481) / 4
+    far = rng.choice([-rng.randrange(2, int(4 * ttl) + 1), rng.randrange(8, int(12 * ttl) + 120)])
+    return {"pause": ttl + far / 4, "ttl": ttl}
+
+
+def _overwrite_vary(knobs: dict, rng: Random) -> dict:
+    """A hostile row with numbers of the run: an edge keeps its distance from the expiry (the
+    lease grows by whole quarter seconds), a far one its ratio of pause to lease (from 1 to 2.75x)."""
+    pause, ttl = knobs["pause"], knobs["ttl"]
+    if EDGES[0] <= pause - ttl <= EDGES[1]:
+        grow = rng.randrange(0, 201) / 4
+        return {"pause": pause + grow, "ttl": ttl + grow}
+    scale = 1 + rng.randrange(0, 8) / 4
+    return {"pause": pause * scale, "ttl": ttl * scale}
 
 
 OVERWRITE_HOSTILE = hostile(
@@ -183,11 +212,12 @@ OVERWRITE_HOSTILE = hostile(
     ("A wakes up a quarter second after B wrote INV-1", 11.75, 10.0),
     ("a tiny lease and a short pause", 2.5, 0.5),
     ("no pause at all", 0.0, 10.0),
+    ("a long lease, A wakes up a quarter second after B wrote INV-1", 61.75, 60.0),
 )
 
 
 @task("01.2", "predicting the overwrite", OVERWRITE_HOSTILE, count=24, make=_overwrite_knobs,
-      returns=BOOL, properties=PREDICT_PROPS)  # fmt: skip
+      returns=BOOL, properties=PREDICT_PROPS, vary=_overwrite_vary)  # fmt: skip
 def overwrite_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 01.2: ``answer(pause, ttl) -> bool``, compared with a real unprotected run."""
     from labkit.scenarios import expired_but_alive

@@ -322,14 +322,14 @@ def holder_check(answer, schedule: Schedule, history: list) -> None:
                 + (" (the lease had already passed to B)" if passed else ""),
                 prop="deadline",
             )
+        late = [v for v in (*violations(history), *warnings(history))  # discipline too
+                if v.kind in ("acted_after_expiry", "stale_accepted")]  # fmt: skip
+        if world.done and not late:  # held here, before finishes or ends ends the schedule
+            expect(True, "no unit of work starts after the deadline", prop="deadline")
         if k["benign"]:
-            expect(
-                world.done == k["units"],
-                "a holder whose renewals are all confirmed quickly renews in time "
-                "and finishes the job",
-                f"it stopped after {world.done} of {k['units']} units",
-                prop="finishes",
-            )
+            expect(world.done == k["units"], "a holder whose renewals are all confirmed quickly "
+                   "renews in time and finishes the job",
+                   f"it stopped after {world.done} of {k['units']} units", prop="finishes")  # fmt: skip
         local, deadline = world.offset + world.rate * world.true.now(), world.deadline
         over = world.done >= k["units"] or local >= deadline - 1e-9 * abs(deadline)
         if world.runaway or world.done:  # a holder that never worked is judged by nothing here
@@ -342,8 +342,6 @@ def holder_check(answer, schedule: Schedule, history: list) -> None:
                 f"t={deadline:.6g}, after {world.done} of {k['units']} units and no failed renewal",
                 prop="ends",
             )
-        found = [*violations(history), *warnings(history)]  # the task's rule: discipline too
-        late = [v for v in found if v.kind in ("acted_after_expiry", "stale_accepted")]
         if world.done:
             expect(not late, "the holder never acts after its lease has passed to B",
                    late[0].message if late else "", prop="deadline")  # fmt: skip

@@ -236,7 +236,8 @@ def backoff_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 06.2: ``answer(attempt, *, base, cap, rng) -> seconds``."""
     k, runs, scales = schedule.knobs, [], {}  # (attempt, ceiling, delays, the first AGAIN again)
     base, cap, attempts = k["base"], k["cap"], k["attempts"]
-    seeds = [schedule.seed * 7919 + i for i in range(SAMPLES)]
+    rng = schedule.rng  # the run's draws: no table of the rngs passed in fits in an answer
+    seeds = [rng.getrandbits(32) for _ in range(SAMPLES)]
     saved = global_state()
     try:
         for attempt in _attempts(base, cap, attempts):
@@ -284,13 +285,15 @@ def backoff_check(answer, schedule: Schedule, history: list) -> None:
              varies and max(first) <= 2 * c)
             for n, c, first, _ in runs
         ],
-        [  # its shape where it reaches half the ceiling (its height is growth's, a delay above
-            # the ceiling range's): about half below half the ceiling (or the largest, if above)
+        [  # its shape where it reaches 0.8 of the ceiling (its height is growth's, a delay above
+            # the ceiling range's; lower, a sample of a shorter range is too often all below its
+            # half; one delay for every rng: from half): about half below half the ceiling
             # (the bounds here and in growth fail a fresh uniform sample about once in 10**4 runs)
             ("full jitter", 3 <= low <= SAMPLES - 3,
              f"{fit}uniformly from zero up, about half below half the ceiling, at attempt {n}",
              f"{low} of {SAMPLES} delays lie below {top / 2:g}, half of {top:g}")
-            for n, c, first, _ in runs for top in [max(c, max(first))] if max(first) >= top / 2
+            for n, c, first, _ in runs for top in [max(c, max(first))]
+            if max(first) >= (top / 2 if len(set(first)) == 1 else 0.8 * top)
             for low in [sum(d < top / 2 for d in first)]
         ],
         [

@@ -2,7 +2,7 @@
 
 Usage: ``python -m labkit.grade SUBMISSIONS... [--junit out.xml] [--csv out.csv]
 [--feedback DIR] [--points FILE] [--cell-timeout 30] [--solutions solutions/] [--jobs N]
-[--only STUDENT] [--unsandboxed]``.
+[--only STUDENT] [--unsandboxed] [--seed N]``.
 
 SUBMISSIONS are notebooks or folders searched for ``*.ipynb``. A submission's
 student is the first folder under the folder given on the command line (a notebook
@@ -124,13 +124,13 @@ def _judge_here(job: tuple, cells: list[str]) -> dict:
     from labkit.grading import judge
     from labkit.grading.notebooks import program
 
-    _, tasks, hide, timeout, solutions = job
+    _, tasks, hide, timeout, solutions, run = job
     os.environ["LABKIT_SOLUTIONS"] = str(solutions)  # the judge reads the keys from there
     import labkit.grading
 
     labkit.grading.SOLUTIONS = str(solutions)
     try:
-        verdicts = judge.judge(program(cells), set(tasks), hide=hide, timeout=timeout)
+        verdicts = judge.judge(program(cells), set(tasks), hide=hide, timeout=timeout, run=run)
     except Exception as exc:  # whatever went wrong costs this notebook only, and says so
         verdicts = {t: refused(t, f"the judge could not run it ({exc!r})") for t in tasks}
     return {t: verdicts.get(t) or refused(t, "its check never ran") for t in tasks}
@@ -146,11 +146,14 @@ def grade(
     hide=(),
     progress=sys.stderr,
     unsandboxed: bool = False,
+    seed: int | None = None,
 ) -> list[Submission]:
     """Grade every submission under ``paths`` (only ``only``'s, if given); return them with
     per-task results. ``jobs`` notebooks are judged at once; ``hide`` names more folders the
     answers must not see (the submissions and the solutions are always hidden). Without a
-    working sandbox it raises LabkitError, unless ``unsandboxed`` (each Submission says so)."""
+    working sandbox it raises LabkitError, unless ``unsandboxed`` (each Submission says so).
+    Each notebook's run draws its seed from the operating system (its Reports record it), or
+    every one is seeded ``seed``: that replays a run exactly."""
     from labkit.grading.sandbox import missing
 
     lacking = missing()
@@ -174,7 +177,7 @@ def grade(
     hidden = (*sorted(folders), str(solutions), *map(str, hide))
     work = once([(s, prepare(s, canon)) for s in subs])
     print(f"grading {len(work)} notebooks ...", file=progress, flush=True)
-    args = [(nb, list(s.results), hidden, float(cell_timeout), solutions) for s, nb in work]
+    args = [(nb, list(s.results), hidden, float(cell_timeout), solutions, seed) for s, nb in work]
     pool = None
     if jobs > 1 and len(work) > 1:
         pool = concurrent.futures.ProcessPoolExecutor(
@@ -241,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--feedback", type=pathlib.Path, help="write a page per student here")
     parser.add_argument("--points", type=pathlib.Path, help="JSON: task -> points")
     parser.add_argument("--unsandboxed", action="store_true", help="grade without a sandbox")
+    parser.add_argument("--seed", type=int, help="the run's seed (default: drawn from the OS)")
     args = parser.parse_args(argv)
     try:
         points = load_points(args.points) if args.points else None
@@ -252,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         subs = grade(
             args.submissions, solutions=args.solutions, cell_timeout=args.cell_timeout,
             jobs=max(1, args.jobs), only=args.only, hide=outputs, unsandboxed=args.unsandboxed,
+            seed=args.seed,
         )  # fmt: skip
     except LabkitError as exc:
         print(f"labkit.grade: {exc}", file=sys.stderr)

@@ -161,7 +161,7 @@ class Sandbox(wire.Peer):
             raise Refused("the answer's process stopped answering")
         self.mine.clear(), self.theirs.clear(), self.ids.clear(), self.raised.clear()
         self.told, self.lent, self.served = set(), set(), []
-        self._ask({"op": "fork"}, reply=False)
+        self._ask({"op": "fork", "seed": lab.LUCK[-1] if lab.LUCK else None}, reply=False)
         self.child = True
         try:
             found = self._ask({"op": "answer", "name": name}).get("value")
@@ -220,13 +220,15 @@ class RemoteAnswer:
         return self.box.resolve(tagged)
 
 
-def judge(items: list[tuple], tasks=None, *, hide=(), timeout: float = 30.0) -> dict:
+def judge(items: list[tuple], tasks=None, *, hide=(), timeout: float = 30.0, run=None) -> dict:
     """Judge a program (:func:`labkit.grading.notebooks.program`): run its code in one
-    sandbox, and each task (of ``tasks``; None: all) at its last check. Returns
+    sandbox, and each task (of ``tasks``; None: all) at its last check, every task in the run
+    seeded ``run`` (None: a seed drawn from the operating system, recorded in each Report). Returns
     ``{task: Report}``. A sandbox an answer broke is replaced and the cells run again;
     after a cell that does not finish within ``timeout``, every later task fails."""
-    from labkit.grading.verdicts import refused, tasks_loaded
+    from labkit.grading.verdicts import draw_seed, refused, tasks_loaded
 
+    run = draw_seed() if run is None else run
     last = {item[1]: i for i, item in enumerate(items) if item[0] == "check"}
     wanted = [t for t in last if tasks is None or t in tasks]
     results, box, hung = {}, None, None
@@ -253,7 +255,7 @@ def judge(items: list[tuple], tasks=None, *, hide=(), timeout: float = 30.0) -> 
                 loading.join() if loading.ident else tasks_loaded()
                 why = f"task {item[1]}: code cell {hung} did not finish within {timeout:g} s"
                 done = refused(item[1], why, item[2]) if hung is not None else None
-                results[item[1]] = done or attempt(box, *item[1:])
+                results[item[1]] = done or attempt(box, *item[1:], run=run)
     finally:
         if loading.ident:
             loading.join()
@@ -273,8 +275,9 @@ def _cell(box: Sandbox, source: str, number: int) -> bool:
     return True
 
 
-def attempt(box: Sandbox, task_id: str, name: str):
-    """Judge the answer ``name`` in ``box`` (its cells run) for ``task_id``: its Report."""
+def attempt(box: Sandbox, task_id: str, name: str, *, run=None):
+    """Judge the answer ``name`` in ``box`` (its cells run) for ``task_id`` in the run seeded
+    ``run``: its Report."""
     from labkit.grading.verdicts import refused, tasks_loaded, verdict
 
     task = tasks_loaded().get(task_id)
@@ -282,7 +285,7 @@ def attempt(box: Sandbox, task_id: str, name: str):
         return refused(task_id, "no such task", name)
     box.deadline = CLOCK.now() + TASK_LIMIT * box.timeout
     try:
-        return verdict(task.id, lambda: box.answer(name, task.returns), name)
+        return verdict(task.id, lambda: box.answer(name, task.returns), name, run=run)
     except Refused as exc:
         return refused(task.id, str(exc), name)
     finally:
@@ -290,19 +293,21 @@ def attempt(box: Sandbox, task_id: str, name: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m labkit.grading.judge TASK [NAME]`` < a JSON list of the kernel's cell sources:
-    print its Report as JSON. With NAME (a check called from any cell), the check comes last."""
+    """``python -m labkit.grading.judge TASK [NAME [SEED]]`` < a JSON list of the kernel's cell
+    sources: print its Report as JSON. With NAME (a check called from any cell), the check comes
+    last; SEED (an int) is the run's seed, by default one drawn from the operating system."""
     import json
 
     from labkit.grading.notebooks import program
 
     task, *name = argv if argv is not None else sys.argv[1:]
+    run = int(name.pop()) if len(name) > 1 else None
     items = program(json.loads(sys.stdin.read()))
     if name and (not items or items[-1][:2] != ("check", task)):
         items.append(("check", task, name[0]))
     from labkit.grading.verdicts import refused
 
-    report = judge(items, {task}).get(task) or refused(task, f"no check of {task}")
+    report = judge(items, {task}, run=run).get(task) or refused(task, f"no check of {task}")
     print(json.dumps(report.to_json()))
     return 0
 

@@ -35,16 +35,26 @@ class Schedule:
         seed: seeds the trial's ``random.Random`` (:attr:`rng`, fresh on every read).
         knobs: named timings or choices, e.g. ``{"pause": 30, "ttl": 10}``.
         name: a short label for hostile schedules, e.g. ``"A pauses inside the transaction"``.
+        run: the grading run's seed, drawn from the operating system (None: the fixed draws
+            of a run without one), which every input of the schedule derives from too.
     """
 
     seed: int
     knobs: dict = field(default_factory=dict, hash=False)
     name: str = "random"
+    run: int | None = None
 
     @property
     def rng(self) -> Random:
-        """Seeded with the seed, or with knob ``inputs`` (a boundary of a row keeps its inputs)."""
-        return Random(self.knobs.get("inputs", self.seed))
+        """Seeded with the seed, or with knob ``inputs`` (a boundary of a row keeps its inputs),
+        and the run's seed: the same schedule of another run draws other inputs."""
+        return derived(self.run, self.knobs.get("inputs", self.seed))
+
+
+def derived(run: int | None, key: int) -> Random:
+    """The RNG of ``key`` in the run seeded ``run``: ``Random(key)`` for a run without a seed,
+    else seeded by both (a string seed is hashed with SHA-512: the same in every process)."""
+    return Random(key if run is None else f"{run}/{key}")
 
 
 def hostile(columns: str, *rows: tuple) -> list[dict]:
@@ -57,17 +67,26 @@ def hostile(columns: str, *rows: tuple) -> list[dict]:
 
 
 def schedules(
-    hostile: Iterable[dict], *, count: int, make: Callable[[Random], dict], base: int = 1000
+    hostile: Iterable[dict],
+    *,
+    count: int,
+    make: Callable[[Random], dict],
+    base: int = 1000,
+    run: int | None = None,
+    vary: Callable[[dict, Random], dict] | None = None,
 ) -> list[Schedule]:
     """The hostile schedules (dicts of a ``name`` and knobs), then ``count`` random ones.
 
-    The random ones have seeds ``base``, ``base + 1``, ... and knobs ``make(Random(seed))``.
+    The random ones have seeds ``base``, ``base + 1``, ... and knobs ``make(derived(run, seed))``:
+    each grading run (``run``, its seed) draws its own. A run with a seed passes each hostile
+    row's knobs through ``vary(knobs, rng)``: the same story told with numbers of its own.
     """
-    out = [
-        Schedule(i, {k: v for k, v in h.items() if k != "name"}, h.get("name", f"hostile {i}"))
-        for i, h in enumerate(hostile)
-    ]
-    out += [Schedule(s, make(Random(s))) for s in range(base, base + count)]
+    out = []
+    for i, h in enumerate(hostile):
+        knobs = {k: v for k, v in h.items() if k != "name"}
+        knobs = vary(knobs, derived(run, -1 - i)) if vary and run is not None else knobs
+        out.append(Schedule(i, knobs, h.get("name", f"hostile {i}"), run))
+    out += [Schedule(s, make(derived(run, s)), run=run) for s in range(base, base + count)]
     return out
 
 
@@ -173,6 +192,8 @@ def between_statements(db, at: int, action):
 
 #: the schedule running now (verdict's): whether its rival came before a statement of the call
 RIVAL: list[dict] = []
+#: the seed of the answer's own ``random`` in the schedule being run (see verdicts._run)
+LUCK: list[int] = []
 #: id(connection) -> whether its worker's process is dead (the judge's own progress handler,
 #: which bounds the answer's statements, keeps interrupting a dead worker's statements)
 DYING: dict[int, Callable[[], bool]] = {}

@@ -133,7 +133,7 @@ def write_junit(subs: list, path: pathlib.Path, points=None) -> None:
 
 
 CSV_COLUMNS = ["student", "notebook", "task", "points", "possible", "outcome", "failed", "note"]
-CSV_COLUMNS += ["sandbox"]
+CSV_COLUMNS += ["sandbox", "seed"]  # seed: the run's (``--seed`` grades that notebook the same)
 
 
 def write_csv(subs: list, path: pathlib.Path, points=None) -> None:
@@ -149,12 +149,12 @@ def write_csv(subs: list, path: pathlib.Path, points=None) -> None:
                 note = r.problem.broken.detail if r.problem else ""
                 row = [_cell(s.student), _cell(s.exercise), tid, shown_points(got)]
                 row += [shown_points(possible), "pass" if r.passed else "fail"]
-                row += [_cell(" | ".join(failures(r))), _cell(note), _sandbox(s)]
+                row += [_cell(" | ".join(failures(r))), _cell(note), _sandbox(s), r.run]
                 out.writerow(row + [shown_points(x) for x in total[s.student]])
             if not s.results:  # it matched no exercise: the student still has a row, and why
                 row = [_cell(s.student), _cell(s.exercise or s.path.name), "", "0", "0", "fail", ""]
                 row.append(_cell(s.problem))
-                row.append(_sandbox(s))
+                row += [_sandbox(s), ""]
                 out.writerow(row + [shown_points(x) for x in total[s.student]])
 
 

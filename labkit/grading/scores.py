@@ -29,6 +29,7 @@ class Failure:
     seed: int | None = None
     knobs: dict | None = None
     events: tuple = ()
+    run: int | None = None  # the grading run's seed (see :class:`~labkit.grading.lab.Schedule`)
 
     def __post_init__(self) -> None:  # JSON has no tuples: a token (epoch, n) comes back one
         events = tuple({**e, "generation": _token(e["generation"])} if "generation" in e else e
@@ -39,12 +40,14 @@ class Failure:
         out = [f"rule: {self.rule}"] if self.rule else []
         out += [f"observed: {self.detail}"] if self.detail else []
         if self.seed is not None:
-            out.append(f"schedule: {self.schedule} (seed {self.seed}, knobs {self.knobs})")
+            run = "" if self.run is None else f", run {self.run}"
+            out.append(f"schedule: {self.schedule} (seed {self.seed}{run}, knobs {self.knobs})")
             out.append(f"replay it: {self.replay(task, answer)}")
         return out
 
     def replay(self, task: str, answer: str) -> str:
-        return f"labkit.grading.replay({task!r}, {answer}, seed={self.seed})"
+        run = "" if self.run is None else f", run={self.run}"
+        return f"labkit.grading.replay({task!r}, {answer}, seed={self.seed}{run})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +95,7 @@ class Report:
     answer: str
     findings: tuple[Finding, ...] = ()
     problem: Finding | None = None
+    run: int | None = None  # the grading run's seed: the same seed grades the same again
 
     @property
     def passed(self) -> bool:
@@ -159,7 +163,7 @@ class Report:
 
         return cls(
             data["task"], data["title"], data["answer"],
-            tuple(map(finding, data["findings"])), finding(data["problem"]),
+            tuple(map(finding, data["findings"])), finding(data["problem"]), data.get("run"),
         )  # fmt: skip
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import random
 import sys
 from dataclasses import dataclass, field
 from random import Random
@@ -106,6 +107,12 @@ class Task:
     schedules: tuple
     returns: tuple = ()
     properties: dict = field(default_factory=dict, hash=False)
+    draw: Callable | None = field(default=None, hash=False, compare=False)
+
+    def rows(self, run: int | None) -> tuple:
+        """The schedules of the grading run seeded ``run`` (None: :attr:`schedules`, the fixed
+        draws of a run without a seed): the same hostile rows, random rows of its own."""
+        return self.schedules if run is None or self.draw is None else tuple(self.draw(run))
 
 
 _REGISTRY: dict[str, Task] = {}  # filled by the check modules, loaded on first use of TASKS
@@ -117,21 +124,24 @@ def _random_story(rng: Random) -> dict:
 
 def task(
     task_id: str, title: str, hostile: Iterable[dict], *, count=0, make=_random_story, returns=(),
-    properties: dict,
+    properties: dict, vary=None,
 ):  # fmt: skip
     """Register ``trial(answer, schedule, history)`` as the check for ``task_id``.
 
     It runs under the ``hostile`` schedules, then ``count`` random ones whose knobs
     ``make(rng)`` draws (by default ``{"story": "random"}``); see :func:`schedules`.
     ``returns`` are the types an answer may return, e.g. ``(float, int)``; ``properties``
-    name what the trial checks (name -> plain words), each worth its share of the points.
+    name what the trial checks (name -> plain words), each worth its share of the points;
+    ``vary(knobs, rng)`` redraws a hostile row's numbers in a run with a seed.
     """
-    runs = tuple(lab.schedules(hostile, count=count, make=make))
+    hostile = list(hostile)
+
+    def draw(run):
+        return lab.schedules(hostile, count=count, make=make, run=run, vary=vary)
 
     def register(trial):
-        _REGISTRY[task_id] = Task(
-            task_id, title, trial, runs, tuple(returns), dict(properties or {"": title})
-        )
+        _REGISTRY[task_id] = Task(task_id, title, trial, tuple(draw(None)), tuple(returns),
+                                  dict(properties or {"": title}), draw)  # fmt: skip
         return trial
 
     return register
@@ -144,6 +154,11 @@ def _run(t: Task, answers, schedule, history: list, seen: set, later: list) -> d
     reached before)."""
     came: dict = {}
     _EVIDENCE.append(seen), _LATER.append(later), lab.RIVAL.append(came)
+    # the answer's own ``random`` is seeded by the schedule's inputs (in its sandboxed process, or
+    # here in a replay): a call that draws how many statements to send draws the same in the probe
+    # and at each boundary, and a replay reproduces it
+    luck, state = schedule.rng.getrandbits(64), random.getstate()
+    lab.LUCK.append(luck), random.seed(luck)
     try:
         with answers() as answer:
             t.trial(answer, schedule, history)
@@ -158,7 +173,7 @@ def _run(t: Task, answers, schedule, history: list, seen: set, later: list) -> d
     except Exception as exc:  # the answer crashed: it scores nothing
         raise Broken("runs", "", f"{type(exc).__name__}: {exc}") from None
     finally:
-        _EVIDENCE.pop(), _LATER.pop(), lab.RIVAL.pop()
+        _EVIDENCE.pop(), _LATER.pop(), lab.RIVAL.pop(), lab.LUCK.pop(), random.setstate(state)
     return came
 
 
@@ -169,7 +184,7 @@ def _task(task_id: str) -> Task:
     return tasks[task_id]
 
 
-def _later(t: Task, schedule, rival: dict, fronts: dict) -> list:
+def _later(t: Task, rows: tuple, schedule, rival: dict, fronts: dict) -> list:
     """The schedules after ``schedule`` if its row names its boundary's knob in ``each``: first,
     if the rival came, one where it never does (the call runs whole: its boundaries, and the
     other order); then one per boundary of the call (:func:`~labkit.grading.lab.boundary`) not
@@ -177,7 +192,7 @@ def _later(t: Task, schedule, rival: dict, fronts: dict) -> list:
     key = schedule.knobs.get("each")
     if not key:
         return []
-    row = t.schedules[schedule.seed % SPREAD]
+    row = rows[schedule.seed % SPREAD]
     front = fronts.setdefault(row.seed, {"found": [], "tried": set(), "next": 1})
     front["tried"].add(schedule.knobs[key])
     front["found"] += [k for k in rival.get("keys", []) if k not in front["found"]]
@@ -196,13 +211,14 @@ def _boundary(t: Task, row, front: dict, at: str):
     seed = row.seed + SPREAD * (front["next"] - 1)
     name = ("the rival after the whole call (the other order)" if at == "end"
             else f"the rival just before {at} (each boundary the call reaches)")  # fmt: skip
-    return lab.Schedule(seed, dict(row.knobs, **{row.knobs["each"]: at}, inputs=row.seed), name)
+    knobs = dict(row.knobs, **{row.knobs["each"]: at}, inputs=row.seed)
+    return lab.Schedule(seed, knobs, name, row.run)
 
 
-def schedule_of(t: Task, seed: int, probe=None):
-    """The schedule of ``t`` with ``seed``: a row of its own, or a boundary of an ``each`` row
-    (``probe(row)`` gives the boundaries the answer's call reaches, in order)."""
-    rows = {s.seed: s for s in t.schedules}
+def schedule_of(t: Task, seed: int, probe=None, run: int | None = None):
+    """The schedule of ``t`` with ``seed`` in the run seeded ``run``: a row of its own, or a
+    boundary of an ``each`` row (``probe(row)`` gives the boundaries the call reaches, in order)."""
+    rows = {s.seed: s for s in t.rows(run)}
     row = (rows.get(seed) or rows.get(seed % SPREAD)) if isinstance(seed, int) else None
     if row is None or seed not in rows and not (seed > 0 and row.knobs.get("each")):
         raise BadArgument("seed", f"task {t.id} has no schedule with seed {seed!r}; its seeds are "
@@ -218,21 +234,30 @@ def schedule_of(t: Task, seed: int, probe=None):
     return _boundary(t, row, front, untried[seed // SPREAD - 1])
 
 
-def verdict(task_id: str, answers, name: str) -> Report:
-    """Run every schedule of ``task_id``; ``answers()`` gives a context yielding the answer for
+def draw_seed() -> int:
+    """A grading run's seed, from the operating system: no answer can know its inputs ahead."""
+    import secrets
+
+    return secrets.randbits(32)
+
+
+def verdict(task_id: str, answers, name: str, *, run: int | None = None) -> Report:
+    """Run every schedule of ``task_id`` in the run seeded ``run`` (None: one drawn from the
+    operating system; the report records it); ``answers()`` gives a context yielding the answer for
     one schedule. Each property's finding is how many schedules checked it and it held, and the
     shortest schedule (fewest events) that broke it. An answer that crashes, is not written or is
     refused by the sandbox stops the trial: it scores nothing."""
-    t = _task(task_id)
-    held, broken, todo, fronts = dict.fromkeys(t.properties, 0), {}, list(t.schedules), {}
+    t, run = _task(task_id), draw_seed() if run is None else run
+    rows = t.rows(run)
+    held, broken, todo, fronts = dict.fromkeys(t.properties, 0), {}, list(rows), {}
     while todo:
         schedule, seen, history, later = todo.pop(0), set(), [], []
         try:
             rival = _run(t, answers, schedule, history, seen, later)
-            todo[:0] = _later(t, schedule, rival, fronts)
+            todo[:0] = _later(t, rows, schedule, rival, fronts)
         except Broken as b:  # only a problem comes out: the answer scores nothing
             problem = Finding(b.prop, PROBLEMS[b.prop], 0, _failure(b, schedule, history))
-            return Report(t.id, t.title, name, _found(t, held, broken), problem)
+            return Report(t.id, t.title, name, _found(t, held, broken), problem, run)
         for each in (b for first in later for b in (first, *first.more)):
             seen.add(each.prop)
             failure = _failure(each, schedule, history)
@@ -243,7 +268,7 @@ def verdict(task_id: str, answers, name: str) -> Report:
                               f"which it does not declare ({sorted(t.properties)})")  # fmt: skip
         for prop in seen - set(broken):
             held[prop] += 1
-    return Report(t.id, t.title, name, _found(t, held, broken))
+    return Report(t.id, t.title, name, _found(t, held, broken), run=run)
 
 
 def _failure(b: Broken, schedule, history: list) -> Failure:
@@ -252,7 +277,9 @@ def _failure(b: Broken, schedule, history: list) -> Failure:
     import json
 
     knobs, events = json.loads(json.dumps([schedule.knobs, list(map(dataclasses.asdict, history))]))
-    return Failure(b.rule, b.detail, schedule.name, schedule.seed, knobs, tuple(events))
+    return Failure(
+        b.rule, b.detail, schedule.name, schedule.seed, knobs, tuple(events), schedule.run
+    )
 
 
 def _found(t: Task, held: dict, broken: dict) -> tuple[Finding, ...]:

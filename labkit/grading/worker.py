@@ -10,6 +10,7 @@ use of it (an SQL statement, a clock read, a callback, an RNG draw) is a request
 from __future__ import annotations
 
 import os
+import random
 import sqlite3
 import sys
 
@@ -64,13 +65,15 @@ class _Worker(Peer):
                 error = self.run_cell(message["source"], message["number"])
                 self.channel.send({"op": "ran", "error": error})
             elif op == "fork":
-                self.fork()
+                self.fork(message.get("seed"))
             elif op == "quit":
                 return
 
-    def fork(self) -> None:
+    def fork(self, seed: int | None = None) -> None:
+        """A child for one schedule, its ``random`` seeded with ``seed`` (the schedule's)."""
         pid = os.fork()
         if pid == 0:
+            random.seed(seed)
             try:
                 while (message := self.channel.recv())["op"] in ("answer", "req"):
                     if message["op"] == "req":

@@ -267,7 +267,8 @@ class _Writers:
         self.judge("B", job, b_gen, b_inv, mid, ran_b, s_b)
         if mid == s0:  # B got in before A wrote anything: A is judged after B
             return self.judge("A", job, a_gen, a_inv, s_b, ran_a, s_a)
-        self.judge("A", job, a_gen, a_inv, s0, ran_a, mid)
+        if mid == (_after(s0, job, a_gen, a_inv) or mid):  # B saw half a call: all or nothing
+            self.judge("A", job, a_gen, a_inv, s0, ran_a, mid)  # broke, and A is not judged again
 
 
 def _invoices(rng: Random, fresh: list, batch: bool, known: list) -> dict:
@@ -310,6 +311,7 @@ def fenced_trial(answer, schedule: Schedule, history: list, batch: bool) -> None
             batch_ = inv()
             batch_ = w.write("B", JOB, 8, batch_, crash=rng.choice(list(batch_)))
             w.write("B", JOB, 8, batch_)  # the same write again, once the disk has room
+            w.write("B", JOB, 9, inv())  # and a newer one: a crash must not spoil later writes
         elif story == "two jobs":
             w.write("B", OTHER, start[OTHER], inv())
             w.write("A", JOB, 9, inv())
@@ -339,12 +341,7 @@ FENCED_HOSTILE = hostile(
     ("A checks the fence, then stops before its 2nd statement; B commits 8", "race", 2),
     ("A stops inside its transaction (before statement 3); B arrives", "race", 3),
     ("A stops before its 4th statement; B arrives", "race", 4),
-    (
-        "A stops before its 5th statement, and each later one its call reaches; B arrives",
-        "race",
-        5,
-        "at",
-    ),
-    ("a crash inside the transaction, then the same write again", "crash"),
+    ("A stops before its 5th statement, and each later one it reaches; B arrives", "race", 5, "at"),
+    ("a crash inside the transaction, the same write again, then a newer one", "crash"),
     ("two jobs, each with its own fence", "two jobs"),
 )
