@@ -176,7 +176,7 @@ def test_a_transaction_left_open_is_drawn_held_to_the_end_of_the_run(verdicts):
             if f.broken and "open" in f.broken.detail and "transaction" in f.broken.detail:
                 answer = define(CORPUS[task_id]["wrong"][label][0], CORPUS[task_id]["name"])
                 for history in ([Event(**e) for e in f.broken.events],
-                                labkit.grading.replayed(task_id, answer, seed=f.broken.seed).history):
+                                labkit.grading.replayed(task_id, answer, seed=f.broken.seed, run=f.broken.run).history):
                     held = [e for e in history if e.action == "acquire" and e.target == LEFT_OPEN]
                     assert held, (task_id, label, f.prop, history)
                     mine = [e for e in history if e.worker == held[0].worker]
