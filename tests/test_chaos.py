@@ -26,7 +26,7 @@ def test_the_same_seed_gives_the_same_plan():
 
 
 def chaos(folder, *flags: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "labkit.chaos", "--workers", "3", "--seconds", "4",
+    return subprocess.Popen([sys.executable, "-m", "labkit.chaos", "--workers", "3", "--seconds", "4", "--min-commits", "5",
                              "--seed", "7", "--dir", str(folder), *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -106,3 +106,21 @@ def test_an_unknown_issuer_is_refused_before_anything_starts(tmp_path):
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(SystemExit):
         main(["--issuer", "redis"])
+
+
+def test_a_run_that_has_not_done_its_job_goes_on_and_its_workers_with_it(tmp_path):
+    """A run that asks for more commits than it can make by its time goes on, a second at a
+    time, to three times its length, says so, and its workers keep committing past the first
+    end (the committed lines' times show it); then it stops, its job still undone."""
+    import sqlite3
+
+    from labkit.processes.chaos import run
+
+    summary, code = run(2, 2, seed=3, root=tmp_path, min_commits=10**6)
+    assert "the run went on to 6 s" in summary, summary
+    (folder,) = tmp_path.iterdir()
+    with sqlite3.connect(folder / "lab.db") as db:
+        times = [t for (t,) in db.execute("SELECT time FROM invoice_lines")]
+    assert [t for t in times if t > 3], f"no worker committed after the first end: {times}"
+    assert max(times) < 6 + 1, "a worker committed past the run's last end"
+    assert code in (0, 2), summary

@@ -174,7 +174,7 @@ def chaos(folder, *flags: str) -> subprocess.Popen:
 def test_chaos_on_etcd_kills_its_leader_and_finds_no_violation(installed, tmp_path):
     """The real-process chaos run with etcd granting the leases: the nemesis SIGKILLs the leader
     twice (a new one is elected each time), and with the fence at the resource, nothing breaks."""
-    run = chaos(tmp_path, "--seconds", "10")
+    run = chaos(tmp_path, "--seconds", "10", "--min-commits", "3")
     out, err = run.communicate(timeout=120)
     assert run.returncode == 0, out + err
     assert "violations: none" in out

@@ -135,10 +135,20 @@ def test_a_check_cell_judges_an_answer_from_inside_the_release(built):
 
 
 def test_make_lab_serves_the_release(built, tmp_path):
-    """``make lab`` inside the release (its .venv: this checkout's, already installed) serves the
-    release's own folder until stopped: its exercises and lessons, and no solutions."""
+    """``make lab`` inside the release (its .venv: this checkout's programs, already installed)
+    serves the release's own folder until stopped: its exercises and lessons, and no solutions.
+    The release's .venv is a folder of its own with a fresh stamp, so make installs nothing: a
+    symlink to this checkout's .venv let it re-point the checkout's editable install at the
+    release's temporary copy."""
     folder = built[0]
-    (folder / ".venv").symlink_to(ROOT / ".venv")
+    (folder / ".venv").mkdir()
+    (folder / ".venv" / "bin").symlink_to(ROOT / ".venv" / "bin")
+    (folder / ".venv" / ".installed").touch()  # newer than the release's pyproject.toml
+    def installed() -> dict:  # where this checkout's labkit is installed from
+        found = (ROOT / ".venv").glob("lib/python*/site-packages/__editable__*labkit*")
+        return {path.name: path.read_text() for path in found}
+
+    before = installed()
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "TOKEN", "PORT")}
     env |= {"JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
     lab = subprocess.Popen(["make", "-s", "lab"], cwd=folder, env=env, stdout=subprocess.PIPE,
@@ -163,3 +173,4 @@ def test_make_lab_serves_the_release(built, tmp_path):
             os.killpg(lab.pid, signal.SIGKILL)
             lab.wait()
     wait_for(lambda: status_or_none(api) is None, "the release's JupyterLab to stop", timeout=20)
+    assert installed() == before, "make lab in the release reinstalled this checkout's labkit"

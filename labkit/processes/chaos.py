@@ -64,20 +64,32 @@ def schedule(seed: int, *, workers: int, seconds: float, ttl: float) -> tuple[Ac
 
 
 def run(
-    workers=4, seconds=10.0, *, seed=0, protected=True, progress=None, root=None, issuer="sqlite"
+    workers=4,
+    seconds=10.0,
+    *,
+    seed=0,
+    protected=True,
+    progress=None,
+    root=None,
+    issuer="sqlite",
+    min_commits=0,
 ):
     """Start the workers, play the nemesis's plan, judge the history; return the summary and the
     exit status. ``workers``: 2 to 26; ``seconds``: 2 or more; ``progress``: a text stream for the
-    progress line; ``root``: where to make the run's folder; ``issuer``: "sqlite" or "etcd"."""
+    progress line; ``root``: where to make the run's folder; ``issuer``: "sqlite" or "etcd".
+    A run that has not done its job by ``seconds`` (a holder frozen past its lease, a kill inside
+    a transaction, ``min_commits`` commits) goes on a second at a time, to three times as long:
+    a slow machine gets the same run, later, not a thinner one."""
     workers = check_number(workers, "workers", integer=True, low=2, high=26)
     seconds = check_number(seconds, "seconds", low=2, high=86400)
+    min_commits = check_number(min_commits, "min_commits", integer=True, low=0, high=10**6)
     ttl = 1 if issuer == "etcd" else TTL  # etcd grants whole seconds: all is played slower
     plan, k = schedule(seed, workers=workers, seconds=seconds, ttl=ttl), ttl / TTL
     options = dict(protected=protected, seed=seed, root=root, ttl=ttl, seconds=seconds)
     options.update(busy_timeout_ms=100, redeliver=0.1, work=(0.05 * k, 0.25 * k))
     options.update(hold=(0.005 * k, 0.03 * k), rest=(0.0, 0.1 * k))
     with for_chaos(issuer, seconds) as (etcd, killer), Team(workers, etcd=etcd, **options) as team:
-        errors = _play(team, plan, seconds, progress, killer)
+        errors, ended = _play(team, plan, seconds, progress, killer, min_commits)
         for name in team.names:  # then let the workers end by themselves, for a while
             team.thaw(name)
         end = team.now() + 2 + 3 * ttl
@@ -89,7 +101,7 @@ def run(
     found = ", ".join(f"{k} {n}" for k, n in sorted(violations.items()))
     timeline = os.path.join(team.run_dir, "timeline.png")
     params = {"protected": protected, "workers": workers, "ttl": ttl, "seed": seed}
-    ax = draw(history, now=seconds, title=f"chaos run: {found or 'no violation'}", params=params)
+    ax = draw(history, now=ended, title=f"chaos run: {found or 'no violation'}", params=params)
     Path(timeline).write_bytes(png(ax))
     mode = "protected" if protected else "UNPROTECTED (no fence, no keys)"
     lines = [
@@ -97,6 +109,8 @@ def run(
         f"nemesis plan {hashlib.sha256(repr(plan).encode()).hexdigest()[:12]}",
         *_table(Counter((e.action, e.outcome) for e in history), c),
     ]
+    if ended > seconds:
+        lines.append(f"slow machine: the run went on to {ended:g} s to do its job")
     ledger = ", ".join(f"{i} is {a} but its lines sum to {s}" for i, a, s in team.ledger())
     lines.append(f"ledger: {ledger or 'every invoice equals the sum of its charge lines'}")
     lines += [killer.text] if etcd else []
@@ -129,20 +143,35 @@ def _table(outcomes: Counter, c: Counter) -> list[str]:
     ]
 
 
-def _play(team: Team, plan, seconds: float, progress, killer) -> list[str]:
-    """Play ``plan`` until ``seconds``; return the errors of workers that exited by themselves."""
+def _done(team: Team, min_commits: int) -> bool:
+    """Whether the run did its job: a holder frozen past its lease, a kill inside a
+    transaction, and ``min_commits`` commits."""
+    c = team.counts
+    lines = "SELECT count(*) FROM invoice_lines WHERE run = ?"
+    commits = team.query(lines, (team.run,))[0][0]
+    return bool(c["freezes_past_lease"] and c["kills_in_tx"]) and commits >= min_commits
+
+
+def _play(team: Team, plan, seconds: float, progress, killer, min_commits=0):
+    """Play ``plan`` until ``seconds`` (or later: see :func:`run`); return the errors of workers
+    that exited by themselves, and when the run ended."""
     steps, spared, errors, shown = list(plan), {}, [], -1.0
     later = {}  # (team.thaw or team.start, name) -> when to do it
     long = None  # (name, generation, since, until): the holder frozen past its lease
+    end, settled = seconds, False
     team.start()
-    while (now := team.now()) < seconds:
+    while (now := team.now()) < end:
+        if not settled and now >= end - 0.5:  # extended while the job is not done
+            settled = end >= 3 * seconds or _done(team, min_commits)
+            end = end if settled else min(3 * seconds, end + 1.0)
+            team.extend(end)
         if long is not None and now >= long[3]:
             name, generation, since, until = long
-            if now >= min(2 * until - since, seconds - 0.3) or team.overtaken(generation):
+            if now >= min(2 * until - since, end - 0.3) or team.overtaken(generation):
                 team.thaw(name)
                 long, spared[name] = None, now + 1.0  # let it reach its stale write first
         for name, code in team.exited().items():
-            if code != 0 or now < seconds - 0.5:
+            if code != 0 or now < end - 0.5:
                 errors.append(f"{name} exited with {code}; see {team.run_dir}/logs")
                 later.setdefault((team.start, name), now)
         for hand, name in [key for key, at in later.items() if now >= at]:
@@ -165,19 +194,19 @@ def _play(team: Team, plan, seconds: float, progress, killer) -> list[str]:
         due = [a for a in plan if a.kind == "freeze_holder" and a.at <= now]
         if long is None and team.counts["freezes_past_lease"] < len(due):
             if caught := team.freeze_holder():
-                long = (*caught, now, now + min(due[-1].seconds, max(seconds - now - 0.3, 0)))
+                long = (*caught, now, now + min(due[-1].seconds, max(end - now - 0.3, 0)))
         due = [a for a in plan if a.kind == "kill_in_tx" and a.at <= now]
         held = team.holder() if team.counts["kills_in_tx"] < len(due) else None
         if held and team.kill_if_in_tx(held[0]):
             later[team.start, held[0]] = now + due[-1].seconds
         killer(now)
         if progress is not None and now - shown >= 0.25:
-            shown = _progress(team, now, seconds, progress)
+            shown = _progress(team, now, end, progress)
         time.sleep(0.01)
     if progress is not None:
-        _progress(team, seconds, seconds, progress)
+        _progress(team, end, end, progress)
         progress.write("\n")
-    return errors
+    return errors, end
 
 
 def _progress(team: Team, now: float, seconds: float, stream) -> float:
@@ -201,8 +230,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--unprotected", action="store_true", help="write without fence and keys")
     parser.add_argument("--issuer", choices=("sqlite", "etcd"), default="sqlite", help="leases")
     parser.add_argument("--dir", help="where to make the run's folder (default: a temporary one)")
+    parser.add_argument(
+        "--min-commits", type=int, default=0, help="go on (to 3x --seconds) until this many commits"
+    )
     args = parser.parse_args(argv)
     options = dict(seed=args.seed, root=args.dir, issuer=args.issuer, progress=sys.stderr)
+    options.update(min_commits=args.min_commits)
     try:
         summary, code = run(args.workers, args.seconds, protected=not args.unprotected, **options)
     except BadArgument as exc:

@@ -30,8 +30,18 @@ from labkit.engines.etcd_leases import authority
 from labkit.engines.servers import as_user, proc_state, reap, sweep
 from labkit.errors import BadArgument, Busy, LabkitError, check_number
 from labkit.fence import Fence
-from labkit.processes.workers import IDLE, IN_TX, LINES, WORKING, WorkerSpec, append, board
-from labkit.processes.workers import journal
+from labkit.processes.workers import (
+    END,
+    IDLE,
+    IN_TX,
+    LINES,
+    WORKING,
+    WorkerSpec,
+    append,
+    board,
+    deadline,
+    journal,
+)
 from labkit.sim import JOB, Event, check
 
 __all__ = ["STOP_TIMEOUT", "Team", "proc_state"]
@@ -73,6 +83,8 @@ class Team:
         self.run, self.t0 = uuid.uuid4().hex[:12], _CLOCK.now()
         self.spec = replace(spec, run_dir=self.run_dir, run=self.run, t0=self.t0)
         self.board = board(os.path.join(self.run_dir, "board"), n)
+        ends = float("inf") if self.spec.seconds is None else self.spec.seconds
+        self.end = deadline(os.path.join(self.run_dir, "end"), ends)
         self.db = connect(self.path, busy_timeout_ms=self.spec.busy_timeout_ms)
         with transaction(self.db):
             execute(self.db, LINES)
@@ -207,6 +219,10 @@ class Team:
         codes = {name: proc.poll() for name, proc in self.procs.items()}
         return {name: code for name, code in codes.items() if code not in (None, -signal.SIGKILL)}
 
+    def extend(self, seconds: float) -> None:
+        """Move the workers' end later, to ``seconds`` since the team's start."""
+        END.pack_into(self.end, 0, max(seconds, END.unpack_from(self.end)[0]))
+
     @_locked
     def stop(self) -> None:
         """SIGKILL and reap every process, close the team's files; the history stays readable."""
@@ -217,6 +233,7 @@ class Team:
             for db in (self.db, self._probe):
                 db.conn.close()
             self.board.close()
+            self.end.close()
             os.close(self.journal)
 
     def __enter__(self) -> Team:

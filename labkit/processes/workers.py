@@ -12,6 +12,7 @@ import json
 import mmap
 import os
 import signal
+import struct
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -46,6 +47,17 @@ def board(path: str, slots: int | None = None) -> mmap.mmap:
         Path(path).write_bytes(bytes(slots))
     with open(path, "r+b") as f:
         return mmap.mmap(f.fileno(), 0)  # the map keeps a file descriptor of its own
+
+
+#: the run's end (seconds since the team's start): the team writes it, and may move it later
+END = struct.Struct("d")
+
+
+def deadline(path: str, seconds: float | None = None) -> mmap.mmap:
+    """Map the run's end (written first as ``seconds``): the workers stop once it has passed."""
+    if seconds is not None:
+        Path(path).write_bytes(END.pack(seconds))
+    return board(path)
 
 
 def journal(path: str) -> int:
@@ -93,7 +105,9 @@ class Worker:
         self.db = connect(os.path.join(folder, "lab.db"), busy_timeout_ms=spec.busy_timeout_ms)
         self.leases, self.fence = authority(self.db, self.clock, spec.etcd), Fence(self.db, JOB)
         self.acquire = functools.partial(self.leases.try_acquire, JOB, self.owner, spec.ttl)
-        self.board = board(os.path.join(folder, "board"))
+        self.board, self.end = board(os.path.join(folder, "board")), None
+        if spec.seconds is not None:  # the team's end, which it may move later
+            self.end = deadline(os.path.join(folder, "end"))
         self.journal = journal(os.path.join(folder, "journal", f"{self.owner}.jsonl"))
 
     def now(self) -> float:
@@ -115,7 +129,7 @@ class Worker:
         self.board[self.spec.slot] = phase
 
     def done(self) -> bool:
-        return self.spec.seconds is not None and self.now() >= self.spec.seconds
+        return self.end is not None and self.now() >= END.unpack_from(self.end)[0]
 
     def back_off(self, attempt: int, base: float) -> None:
         time.sleep(backoff(attempt, base=base, cap=self.spec.ttl / 2, rng=self.rng))
