@@ -292,7 +292,7 @@ def resume_check(answer, schedule: Schedule, history: list) -> None:
                 stop = Event(
                     clock.now(), owner, "write", "rejected", generation, target=count["stopped"]
                 )
-                history.append(stop)  # fmt: skip
+                history.append(stop)
             after = count.get("claim") or desk.get(job)
             bumps = after.version - claim.version - (after.state == "done")
             todo, every = len(units) - claim.progress, k["every"]
