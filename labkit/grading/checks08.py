@@ -101,11 +101,8 @@ def _publish_intents(admin, outbox, k, rng, job: str) -> tuple[list, list]:
     emails = []
     for i in range(k["intents"]):
         to = rng.choice(["ops@example.com", "billing@example.com"])
-        email = {
-            "to": to,
-            "subject": f"run {job} report {i}",
-            "body": f"total {rng.randrange(10**6)}",
-        }
+        body = f"total {rng.randrange(10**6)}"
+        email = {"to": to, "subject": f"run {job} report {i}", "body": body}
         emails.append((f"{job}/report-{i}", email))
     with fence.guard(8) as tx:
         for key, email in emails:
@@ -326,22 +323,27 @@ def publish_check(answer, schedule: Schedule, history: list) -> None:
             history.append(Event(clock.now(), "relay", "email", "ok", target=body))
         intents = execute(admin, "SELECT COUNT(*) FROM outbox WHERE kind = 'email'")[0][0]
         want = report(9 if story == "redo" else 8)
-        # fmt: off
         if story == "half" and done["effects"]:
-            checks.append(("together", (content, intents) in ((None, 0), (want, 1)),
-                           "the report file and its email intent commit together or not at all",
-                           f"after the worker died: report file {content!r}, {intents} email intents"))
+            together = (content, intents) in ((None, 0), (want, 1))
+            rule = "the report file and its email intent commit together or not at all"
+            detail = f"after the worker died: report file {content!r}, {intents} email intents"
+            checks.append(("together", together, rule, detail))
         elif story != "half":
             if content is not None or emails:
-                checks.append(("via outbox", "the total is 0 (stale)" not in emails, ("a stale worker's "
-                               "email never goes out (its intent is fenced out with its file write)"),
-                               f"emails: {emails}"))
-            checks.append(("current report", content == want, "the committed report is the current owner's",
-                           f"report.txt holds {content!r}, not {want!r}"))
-            checks.append(("one email", emails == [body_b], ("the committed report is announced by "
-                           "exactly one email, even when the step is redone or the worker dies at "
-                           "the email provider"), f"emails sent: {emails}"))
-        # fmt: on
+                fenced = "the total is 0 (stale)" not in emails
+                rule = (
+                    "a stale worker's email never goes out (its intent is fenced out with its "
+                    "file write)"
+                )
+                checks.append(("via outbox", fenced, rule, f"emails: {emails}"))
+            rule = "the committed report is the current owner's"
+            detail = f"report.txt holds {content!r}, not {want!r}"
+            checks.append(("current report", content == want, rule, detail))
+            rule = (
+                "the committed report is announced by exactly one email, even when the step is "
+                "redone or the worker dies at the email provider"
+            )
+            checks.append(("one email", emails == [body_b], rule, f"emails sent: {emails}"))
         _judge(checks)
         if surprises:
             raise Broken("runs", "", "; ".join(surprises))
