@@ -289,7 +289,8 @@ def warnings(history: Iterable[Event]) -> list[TimingWarning]:
         TimingWarning(
             "acted_after_expiry",
             e,
-            f"{e.worker} committed a {e.action} at t={e.time:g}, after its lease {how} at t={end:g}",
+            f"{e.worker} committed a {e.action} at t={e.time:g}, "
+            f"after its lease {how} at t={end:g}",
         )
         for e, end, how in _lease_ends(_checked(history, None))
         if e.outcome == "ok" and e.action in EFFECTS and _late(e, end)
