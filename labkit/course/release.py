@@ -68,8 +68,10 @@ def makefile(text: str) -> str:
 def readme(text: str) -> str:
     """The README's part for students: everything before its graders' section."""
     head = text.split("\n## For graders", 1)[0].rstrip() + "\n"
-    return head.replace("runs everything: unit, property, process, notebook and browser tests",
-                        "runs the check cells of your exercises")  # fmt: skip
+    return head.replace(
+        "runs everything: unit, property, process, notebook and browser tests",
+        "runs the check cells of your exercises",
+    )
 
 
 def release(out, root=ROOT) -> tuple[pathlib.Path, pathlib.Path]:

@@ -255,8 +255,9 @@ def bad_name(name: Any, argument: str = "name") -> str:
     return name
 
 
-def install(url: str, *, ttl: float = 1.0, cap: float | None = None, seats: int = 40,
-            protected: bool = True) -> str:  # fmt: skip
+def install(
+    url: str, *, ttl: float = 1.0, cap: float | None = None, seats: int = 40, protected: bool = True
+) -> str:
     """Install the classroom on the server at ``url`` (a superuser's); return the room secret
     (the registration login's password). A lease is ``ttl`` seconds, renewed up to ``cap``
     (default 10 leases) in all; at most ``seats`` names register; ``protected`` fences writes."""
@@ -280,8 +281,9 @@ def install(url: str, *, ttl: float = 1.0, cap: float | None = None, seats: int 
             conn.execute(statement)
         conn.execute(TEMP_LIMIT[conn.info.server_version >= 150000])
         for (function,) in conn.execute(HAZARDS).fetchall():
-            conn.execute(sql.SQL("REVOKE EXECUTE ON FUNCTION {} FROM PUBLIC").format(
-                sql.SQL(function)))  # fmt: skip
+            conn.execute(
+                sql.SQL("REVOKE EXECUTE ON FUNCTION {} FROM PUBLIC").format(sql.SQL(function))
+            )
         verifier = "SELECT rolpassword FROM pg_authid WHERE rolname = 'labkit_room'"
         settings = {
             "ttl": ttl,

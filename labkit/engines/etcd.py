@@ -116,7 +116,7 @@ class EtcdStory:
     @property
     def text(self) -> str:
         k, ok = self.killed_before, "✓" if self.increasing else "✗"
-        return "\n".join([
+        lines = [
             f"etcd, 3 members on 127.0.0.1, started in {self.started_in:.2f} s",
             f"tokens (create_revision): {' '.join(map(str, self.tokens[:k]))}",
             f"leader {self.before} SIGKILLed; {self.after} elected",
@@ -124,7 +124,8 @@ class EtcdStory:
             f"the holder of {self.expired} let its lease expire; the next token was still higher",
             f"{ok} every token is above all before it ({len(self.tokens)} acquisitions, "
             + f"{self.seconds:.1f} s in all)",
-        ])  # fmt: skip
+        ]
+        return "\n".join(lines)
 
 
 def story(acquisitions: int = 20, *, ttl: int = 1, cluster: Cluster | None = None) -> EtcdStory:
@@ -175,14 +176,15 @@ class RestoreStory:
     @property
     def text(self) -> str:
         again = self.reissued <= max(self.issued)
-        return "\n".join([
+        lines = [
             f"A holds {self.before}; snapshot; B holds {self.issued[0]}, C holds {self.issued[1]}",
             "the cluster is restored from the snapshot",
             f"{'✓' if again else '✗'} D holds {self.reissued}: "
             + ("a token issued before, again" if again else "above every earlier token"),
             f"D writes with {self.reissued}: {self.refusal or 'its write LANDED'}",
             f"the fence holds {self.fence} ({self.seconds:.1f} s in all)",
-        ])  # fmt: skip
+        ]
+        return "\n".join(lines)
 
 
 def restore_story(*, fenced: bool = True, cluster: Cluster | None = None) -> RestoreStory:
@@ -206,8 +208,15 @@ def restore_story(*, fenced: bool = True, cluster: Cluster | None = None) -> Res
         refusal = run.write("D", lease.generation, 999, fenced)
         run.release("D", lease)
         fence = Fence(run.db, JOB).current()
-    return RestoreStory(tokens[0], tuple(tokens[1:]), lease.generation, refusal, fence,
-                        read_clock(_CLOCK) - began, tuple(run.steps))  # fmt: skip
+    return RestoreStory(
+        before=tokens[0],
+        issued=tuple(tokens[1:]),
+        reissued=lease.generation,
+        refusal=refusal,
+        fence=fence,
+        seconds=read_clock(_CLOCK) - began,
+        steps=tuple(run.steps),
+    )
 
 
 def demo() -> tuple[EtcdStory, RestoreStory] | None:

@@ -33,6 +33,11 @@ _CLOCK = RealClock()  # real servers: real time, read through the one clock prot
 TIMING = ("--heartbeat-interval", "50", "--election-timeout", "500")
 
 
+def _argv(flags: dict) -> list:
+    """``{"--name": "a", ...}`` as a command line's words: ``["--name", "a", ...]``, in order."""
+    return [word for pair in flags.items() for word in pair]
+
+
 def require() -> None:
     """Raise MissingBinary (naming the Debian package) or LabkitError unless etcd can run here."""
     binary("etcd", BIN, "etcd-server")
@@ -82,14 +87,19 @@ class Member(Throwaway):
     def launch(self) -> None:
         """Start ``etcd`` on the data folder (a new one joins the cluster; an old one rejoins)."""
         client_url, peer_url = f"http://{self.endpoint}", f"http://127.0.0.1:{self.peer_port}"
-        self.spawn(
-            BIN / "etcd", "--name", self.name, "--data-dir", self.data,
-            "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
-            "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-            "--initial-cluster", self.cluster, "--initial-cluster-token", self.token,
-            "--initial-cluster-state", "new", *TIMING, "--logger", "zap", "--log-level", "warn",
-            log=self.log,
-        )  # fmt: skip
+        flags = {
+            "--name": self.name,
+            "--data-dir": self.data,
+            "--listen-client-urls": client_url,
+            "--advertise-client-urls": client_url,
+            "--listen-peer-urls": peer_url,
+            "--initial-advertise-peer-urls": peer_url,
+            "--initial-cluster": self.cluster,
+            "--initial-cluster-token": self.token,
+            "--initial-cluster-state": "new",
+        }
+        log_flags = ("--logger", "zap", "--log-level", "warn")
+        self.spawn(BIN / "etcd", *_argv(flags), *TIMING, *log_flags, log=self.log)
 
     def kill(self) -> None:
         """SIGKILL the member; its data stays, for :meth:`launch` to start it again."""
@@ -206,12 +216,14 @@ class Cluster:
         for member in self.members:
             member.kill()
             shutil.rmtree(member.data, ignore_errors=True)
-            member.run(
-                BIN / "etcdctl", "snapshot", "restore", path, "--name", member.name,
-                "--data-dir", member.data, "--initial-cluster", member.cluster,
-                "--initial-cluster-token", member.token,
-                "--initial-advertise-peer-urls", f"http://127.0.0.1:{member.peer_port}",
-            )  # fmt: skip
+            flags = {
+                "--name": member.name,
+                "--data-dir": member.data,
+                "--initial-cluster": member.cluster,
+                "--initial-cluster-token": member.token,
+                "--initial-advertise-peer-urls": f"http://127.0.0.1:{member.peer_port}",
+            }
+            member.run(BIN / "etcdctl", "snapshot", "restore", path, *_argv(flags))
         for member in self.members:
             member.launch()
         return self.wait_leader(seconds=seconds)

@@ -107,11 +107,9 @@ class PostgresServer(Throwaway):
         os.chown(pwfile, ids.pw_uid, ids.pw_gid)
         pwfile.chmod(0o600)
         try:
-            self.run(
-                bindir() / "initdb", "-D", self.data, "-U", self.role, f"--pwfile={pwfile}",
-                "--auth=scram-sha-256", "-E", "UTF8", "--locale=C", "--no-sync",
-                "--no-instructions",
-            )  # fmt: skip
+            login = ["-U", self.role, f"--pwfile={pwfile}", "--auth=scram-sha-256"]
+            setup = ["-E", "UTF8", "--locale=C", "--no-sync", "--no-instructions"]
+            self.run(bindir() / "initdb", "-D", self.data, *login, *setup)
         finally:
             pwfile.unlink()
         for attempt in range(3):  # a free port may be taken before the server binds it
@@ -126,10 +124,8 @@ class PostgresServer(Throwaway):
         """Start ``postgres`` on the data folder and wait until it accepts connections."""
         start = self.log.stat().st_size if self.log.exists() else 0
         options = [f"-c{k}={v}" for k, v in self.settings.items()]
-        self.spawn(
-            bindir() / "postgres", "-D", self.data, "-p", self.port, "-k", self.folder, *options,
-            log=self.log,
-        )  # fmt: skip
+        where = ["-D", self.data, "-p", self.port, "-k", self.folder]  # data, port, socket folder
+        self.spawn(bindir() / "postgres", *where, *options, log=self.log)
 
         def ready() -> bool:
             with open(self.log, "rb") as log:

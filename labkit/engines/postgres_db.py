@@ -108,9 +108,10 @@ def _refused(text: str, shown: str) -> LabkitError:
         what = text.split("FATAL:", 1)[-1].strip()
         return BadArgument("url", f"{shown}: {what}; check the user and database in the URL")
     return ServerGone(
-        shown, f"no PostgreSQL server answers at {shown} ({(text.strip() or '?').splitlines()[-1]}); "
-        "start one (labkit.engines.postgres.PostgresServer) or check the host and port"
-    )  # fmt: skip
+        shown,
+        f"no PostgreSQL server answers at {shown} ({(text.strip() or '?').splitlines()[-1]}); "
+        "start one (labkit.engines.postgres.PostgresServer) or check the host and port",
+    )
 
 
 @functools.lru_cache(maxsize=512)

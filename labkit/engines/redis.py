@@ -78,25 +78,32 @@ class RedisStory:
         """The story in a few lines."""
         seen = next(s.generation for s in self.steps if s.action == "replicated")
         writes = "; ".join(f"{w} {inv} with {t}: {v}" for w, inv, t, v in self.verdicts)
-        twice = f"✗ two holders with one token, {self.a_token}" if self.reissued else (
-            f"✓ B's {self.b_token} is above A's {self.a_token}")  # fmt: skip
+        if self.reissued:
+            twice = f"✗ two holders with one token, {self.a_token}"
+        else:
+            twice = f"✓ B's {self.b_token} is above A's {self.a_token}"
         both = self.overlap and (
             f"✗ the lease was lost too: B was granted at t={self.overlap[0]:.2f} s while A's lease "
-            f"ran to t={self.overlap[1]:.2f} s: two holders at once")  # fmt: skip
+            f"ran to t={self.overlap[1]:.2f} s: two holders at once"
+        )
         late = next((v for w, inv, _, v in self.verdicts if w == "A" and inv == "INV-2"), "")
         stopped = f"A's late write: {late}" + (
             " (the fence stopped it)" if late == "rejected" else ""
         )
-        return "\n".join([
+        lines = [
             f"servers in sync in {self.start_seconds:.2f} s",
             f"the replica has token {seen}: WAIT 1 on the writer's connection → {self.replicated}",
             f"link stalled; A is granted {self.a_token}; WAIT 1 on A's connection → {self.waited}"
             " (WAIT only counts acknowledgements: it does not make Redis strongly consistent)",
             "primary SIGKILLed; replica promoted (REPLICAOF NO ONE)",
             f"B is granted {self.b_token} on the promoted replica",
-            f"at the fenced resource: {writes}", twice, *([both] if both else []), stopped,
+            f"at the fenced resource: {writes}",
+            twice,
+            *([both] if both else []),
+            stopped,
             f"the whole run took {self.total_seconds:.2f} s",
-        ])  # fmt: skip
+        ]
+        return "\n".join(lines)
 
 
 def issue(redis, owner: str, ttl: float):
@@ -140,10 +147,8 @@ def story(
     began = read_clock(clock)
     with contextlib.ExitStack() as stack:
         pair = stack.enter_context(RedisPair())
-        start, pids = (
-            read_clock(clock) - began,
-            (pair.primary.process.pid, pair.replica.process.pid),
-        )
+        start = read_clock(clock) - began
+        pids = (pair.primary.process.pid, pair.replica.process.pid)
         folder = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-redis-run-"))
         stack.callback(shutil.rmtree, folder, True)
         dbs = []  # the fenced resource, and the durable authority of epochs
@@ -154,9 +159,17 @@ def story(
         stack.callback(play.close)
         play.run(ttl, pause)
     return RedisStory(
-        protected, tuple(play.steps), play.tokens["A"], play.tokens["B"], play.replicated,
-        play.waited, tuple(play.verdicts), pids, start, read_clock(clock) - began,
-    )  # fmt: skip
+        protected=protected,
+        steps=tuple(play.steps),
+        a_token=play.tokens["A"],
+        b_token=play.tokens["B"],
+        replicated=play.replicated,
+        waited=play.waited,
+        verdicts=tuple(play.verdicts),
+        server_pids=pids,
+        start_seconds=start,
+        total_seconds=read_clock(clock) - began,
+    )
 
 
 class _Play:

@@ -49,9 +49,12 @@ def client(port: int, *, timeout: float = 5.0):
     except ImportError:
         raise LabkitError("Redis needs its Python client: pip install redis") from None
     return redis.Redis(
-        "127.0.0.1", port, socket_timeout=timeout, decode_responses=True,
+        "127.0.0.1",
+        port,
+        socket_timeout=timeout,
+        decode_responses=True,
         single_connection_client=True,
-    )  # fmt: skip
+    )
 
 
 class RedisServer(Throwaway):

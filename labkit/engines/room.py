@@ -82,9 +82,10 @@ class Room:
         known = set(self.students())
         if unknown := [n for n in names if n not in known]:
             raise BadArgument(
-                "names", f"no student named {', '.join(map(repr, unknown))} in this room "
-                f"(registered: {', '.join(sorted(known)) or 'nobody yet'})"
-            )  # fmt: skip
+                "names",
+                f"no student named {', '.join(map(repr, unknown))} in this room "
+                f"(registered: {', '.join(sorted(known)) or 'nobody yet'})",
+            )
         with self.conn.transaction():
             for name in names:
                 sql = "INSERT INTO labkit.pauses (student, seconds) VALUES (%s, %s)"
@@ -210,8 +211,15 @@ def _secret_file(url: str, port: int) -> Path:
     return path
 
 
-def serve(address: str = "127.0.0.1", *, ttl: float = 1.0, cap: float | None = None,
-          seats: int = 40, out=print, wait=None) -> None:  # fmt: skip
+def serve(
+    address: str = "127.0.0.1",
+    *,
+    ttl: float = 1.0,
+    cap: float | None = None,
+    seats: int = 40,
+    out=print,
+    wait=None,
+) -> None:
     """Start the room's server on ``address``, print the students' line, write the instructor's
     URL to an owner-only file, and keep it up (watchdog running) until ``wait()`` returns or is
     interrupted (default: until Ctrl-C); the server and the file go on every exit path."""
@@ -250,11 +258,15 @@ def serve(address: str = "127.0.0.1", *, ttl: float = 1.0, cap: float | None = N
         secret = _secret_file(server.url, server.port)
         try:
             with Watchdog(server.url):
-                out(f"Students: pip install the labkit wheel (see README), then in Python:\n"
+                out(
+                    f"Students: pip install the labkit wheel (see README), then in Python:\n"
                     f"  import labkit.classroom\n"
-                    f"  worker = labkit.classroom.join({room!r}, 'your_name')")  # fmt: skip
-                out(f"Instructor: your URL is in {secret} (readable only by you):\n"
-                    f"  room = labkit.classroom.Room({str(secret)!r})")  # fmt: skip
+                    f"  worker = labkit.classroom.join({room!r}, 'your_name')"
+                )
+                out(
+                    f"Instructor: your URL is in {secret} (readable only by you):\n"
+                    f"  room = labkit.classroom.Room({str(secret)!r})"
+                )
                 out("Ctrl-C stops the server and deletes the room.")
                 with contextlib.suppress(KeyboardInterrupt):
                     (wait or threading.Event().wait)()

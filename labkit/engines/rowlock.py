@@ -59,10 +59,12 @@ class RowLock:
     def text(self) -> str:
         """The story in a few lines, each observation marked ✓ (as expected) or ✗."""
         ok = lambda seen: "✓" if seen else "✗"
-        rows = [f"    {t:<14} {r:<10} {m:<14} {'held' if g else 'waiting'}"
-                + (f" for transaction {x}, A's" if h == self.a else "")
-                for t, r, m, g, x, h in self.locks]  # fmt: skip
-        return "\n".join([
+        rows = [
+            f"    {t:<14} {r:<10} {m:<14} {'held' if g else 'waiting'}"
+            + (f" for transaction {x}, A's" if h == self.a else "")
+            for t, r, m, g, x, h in self.locks
+        ]
+        lines = [
             f"A, backend {self.a}: Fence({X!r}).guard(7) is open, INV-1 written, not committed",
             f"B, backend {self.b}: Fence({X!r}).guard(8) waits (wait event {self.wait_event})",
             f"{ok(self.blocking == {self.a})} pg_blocking_pids({self.b}) lists "
@@ -73,7 +75,8 @@ class RowLock:
             f"A commits; B's guard, after waiting {self.waited:.1f} s, goes on and commits 8",
             f"A again with generation 7: {self.refusal or 'its write LANDED'}",
             f"{ok(self.refusal)} stale write {'refused' if self.refusal else 'not refused'}",
-        ])  # fmt: skip
+        ]
+        return "\n".join(lines)
 
 
 def run(*, hold: float = 1.0, timeout: float = 10.0) -> RowLock:

@@ -236,9 +236,13 @@ class Throwaway:
     def run(self, *argv, **options) -> subprocess.CompletedProcess:
         """Run a setup command as :attr:`user` to its end; a failure raises ServerFailed."""
         done = subprocess.run(
-            [str(a) for a in argv], preexec_fn=as_user(self.user), cwd=self.folder,
-            capture_output=True, text=True, **options,
-        )  # fmt: skip
+            [str(a) for a in argv],
+            preexec_fn=as_user(self.user),
+            cwd=self.folder,
+            capture_output=True,
+            text=True,
+            **options,
+        )
         if done.returncode != 0:
             raise ServerFailed(f"{Path(argv[0]).name} failed", (done.stdout + done.stderr)[-2000:])
         return done
@@ -247,9 +251,13 @@ class Throwaway:
         """Start the server process as :attr:`user`, its output going to ``log``."""
         with open(log, "ab") as out:
             self.process = subprocess.Popen(
-                [str(a) for a in argv], preexec_fn=as_user(self.user, self.death_signal),
-                cwd=self.folder, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                [str(a) for a in argv],
+                preexec_fn=as_user(self.user, self.death_signal),
+                cwd=self.folder,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         return self.process
 
     def wait_until(self, ready, what: str, log: Path, seconds: float = 30.0) -> None:

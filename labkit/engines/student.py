@@ -89,8 +89,16 @@ def register(url: str, name: str) -> Student:
 GAVE_UP = {"55P03", "57014", "40P01"}
 
 
-def work(student: Student, stop: threading.Event, *, rng=None, work=(0.01, 0.05),
-         rest=(0.02, 0.1), clock=None, timings=None) -> None:  # fmt: skip
+def work(
+    student: Student,
+    stop: threading.Event,
+    *,
+    rng=None,
+    work=(0.01, 0.05),
+    rest=(0.02, 0.1),
+    clock=None,
+    timings=None,
+) -> None:
     """Loop until ``stop`` is set: acquire, (pause), write, renew, write, release, rest.
 
     ``work`` and ``rest`` are (low, high) seconds drawn from ``rng``; waiting is ``stop.wait``.

@@ -21,10 +21,8 @@ from labkit.errors import BadArgument, LabkitError
 from labkit.grading import verdicts as _verdict
 from labkit.grading.lab import Schedule, hostile, schedules
 from labkit.grading.scores import Report
-from labkit.grading.verdicts import (
-    CHECK_MODULES, PROBLEMS, Broken, Task, _run, _task, expect, expect_all, refused, task,
-    tasks_loaded, verdict,
-)  # fmt: skip
+from labkit.grading.verdicts import CHECK_MODULES, PROBLEMS, Broken, Task, _run, _task, expect
+from labkit.grading.verdicts import expect_all, refused, task, tasks_loaded, verdict
 
 __all__ = ["check", "replay", "task", "expect", "expect_all", "schedules", "hostile"]
 __all__ += ["Schedule", "Broken", "CheckFailed", "TASKS", "PASS", "CHECK_MODULES"]
@@ -114,8 +112,10 @@ def replayed(task_id: str, answer: Any, *, seed: int, run: int | None = None):
     except Broken as b:
         words = [PROBLEMS[b.prop]]
     shown = "; ".join(dict.fromkeys(words))
-    verdict = f"task {task_id}: broken: {shown} (seed {seed})" if words else (
-        f"task {task_id}: every property held (seed {seed})")  # fmt: skip
+    if words:
+        verdict = f"task {task_id}: broken: {shown} (seed {seed})"
+    else:
+        verdict = f"task {task_id}: every property held (seed {seed})"
     params, found = dict(schedule.knobs, seed=seed), tuple(find(history))
     warned = tuple(warnings(history))
     return Result(params, tuple(history), {}, found, verdict, warned)

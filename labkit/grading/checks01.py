@@ -108,8 +108,14 @@ def _finder(events, *, counts=("ok",), invoice=True, equal=False, top=False, rep
     return lost
 
 
-@task("01.1", "finding the lost updates", LOST_HOSTILE, count=40, returns=(list, tuple),
-      properties=LOST_PROPS)  # fmt: skip
+@task(
+    "01.1",
+    "finding the lost updates",
+    LOST_HOSTILE,
+    count=40,
+    returns=(list, tuple),
+    properties=LOST_PROPS,
+)
 def lost_updates_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 01.1: ``answer(history) -> the committed writes whose work was lost``.
 
@@ -122,8 +128,8 @@ def lost_updates_check(answer, schedule: Schedule, history: list) -> None:
     index = {e: i for i, e in enumerate(events)}
     foreign = [e for e in got if e not in index]
     if foreign:
-        expect(False, "find_lost_updates returns events of the history",
-               f"{foreign[0]!r} is not in it", prop="victims")  # fmt: skip
+        detail = f"{foreign[0]!r} is not in it"
+        expect(False, "find_lost_updates returns events of the history", detail, prop="victims")
     want, ids = _finder(events), [index[e] for e in got]
     errors, why, ordered = want ^ set(ids), {}, ids == sorted(set(ids))
     mistakes = [
@@ -216,8 +222,16 @@ OVERWRITE_HOSTILE = hostile(
 )
 
 
-@task("01.2", "predicting the overwrite", OVERWRITE_HOSTILE, count=24, make=_overwrite_knobs,
-      returns=BOOL, properties=PREDICT_PROPS, vary=_overwrite_vary)  # fmt: skip
+@task(
+    "01.2",
+    "predicting the overwrite",
+    OVERWRITE_HOSTILE,
+    count=24,
+    make=_overwrite_knobs,
+    returns=BOOL,
+    properties=PREDICT_PROPS,
+    vary=_overwrite_vary,
+)
 def overwrite_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 01.2: ``answer(pause, ttl) -> bool``, compared with a real unprotected run."""
     from labkit.scenarios import expired_but_alive

@@ -131,7 +131,8 @@ class _Charger:
             if repeat:
                 again = f"{seen} after the key's charge {first} committed"
                 checks += [(not new, rule["nothing"], again, prop)]
-                checks += [(out == ("returned", first), rule["same id"], f"{what}, the first was {first}", prop)]  # fmt: skip
+                same = out == ("returned", first)
+                checks += [(same, rule["same id"], f"{what}, the first was {first}", prop)]
             else:
                 made = len(new) == 1 and new[0][1:] == (job, invoice, amount, gen)
                 checks += [(made, rule["once"], seen, prop)]

@@ -47,10 +47,12 @@ QUIZ_PROPS = {
     "generations": "nothing in resource.db compares generations, so the fence must live "
     "with the invoices (q2, q4)",
 }
+QUIZ_HOSTILE = [
+    {"name": f"questions {' and '.join(qs)}", "group": g} for g, qs in QUIZ_GROUPS.items()
+]
 
 
-@task("03.2", "the two-database quiz", [{"name": f"questions {' and '.join(qs)}", "group": g}
-      for g, qs in QUIZ_GROUPS.items()], returns=(dict,), properties=QUIZ_PROPS)  # fmt: skip
+@task("03.2", "the two-database quiz", QUIZ_HOSTILE, returns=(dict,), properties=QUIZ_PROPS)
 def quiz_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 03.2: ``answer() -> {"q1": "a".."d", ...}``, one group of questions per
     schedule, judged by the key in solutions/ (the picks drawn as the answer's writes)."""
@@ -64,8 +66,8 @@ def quiz_check(answer, schedule: Schedule, history: list) -> None:
     for t, q in enumerate(QUIZ_GROUPS[group] if whole else [f"{got!r:.40}"]):
         right = "ok" if letters.get(q) == QUIZ.get(q) else "rejected"
         history.append(Event(t + 1.0, "answer", "write", right, target=f"{q} {letters.get(q, '')}"))
-    expect(whole, f"the answer is a dict with exactly the keys {sorted(QUIZ)}",
-           f"it returned {got!r}", prop=group)  # fmt: skip
+    rule = f"the answer is a dict with exactly the keys {sorted(QUIZ)}"
+    expect(whole, rule, f"it returned {got!r}", prop=group)
     mine = QUIZ_GROUPS[group]
     odd = [q for q in mine if letters[q] not in ("a", "b", "c", "d")]
     expect(

@@ -60,8 +60,15 @@ ISSUE_PROPS = {
 }
 
 
-@task("04.1", "the issuer that never goes backward", ISSUE_HOSTILE, count=12, make=_issue_knobs,
-      returns=(tuple, list, int), properties=ISSUE_PROPS)  # fmt: skip
+@task(
+    "04.1",
+    "the issuer that never goes backward",
+    ISSUE_HOSTILE,
+    count=12,
+    make=_issue_knobs,
+    returns=(tuple, list, int),
+    properties=ISSUE_PROPS,
+)
 def issuer_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 04.1: ``answer(store, authority, name, recovered) -> (epoch, counter)``.
 
@@ -91,11 +98,11 @@ def issuer_check(answer, schedule: Schedule, history: list) -> None:
                 except Exception:
                     got = None
                 after, open_tx = _row(store, name), store.conn.in_transaction
-                history.append(Event(t, "issuer", "write", "ok" if got else "rejected", got,
-                                     target=str(got or out)))  # fmt: skip
+                outcome = "ok" if got else "rejected"
+                history.append(Event(t, "issuer", "write", outcome, got, target=str(got or out)))
                 if got is None:
-                    expect(False, "the issuer returns a token (epoch, counter)",
-                           f"it returned {out!r}", prop="committed")  # fmt: skip
+                    rule = "the issuer returns a token (epoch, counter)"
+                    expect(False, rule, f"it returned {out!r}", prop="committed")
                 history.append(Event(t, "issuer", "raise", "ok", got, target="token"))
                 history += [held_open("issuer", t - 0.5)] if open_tx else []
                 used = authority.current(name) - epoch
@@ -203,8 +210,15 @@ def _counters(db) -> set:
     return set(execute(db, "SELECT name, generation FROM lease_counter"))
 
 
-@task("04.2", "the cleanup that keeps every generation", CLEANUP_HOSTILE, count=12,
-      make=_cleanup_knobs, returns=(int,), properties=CLEANUP_PROPS)  # fmt: skip
+@task(
+    "04.2",
+    "the cleanup that keeps every generation",
+    CLEANUP_HOSTILE,
+    count=12,
+    make=_cleanup_knobs,
+    returns=(int,),
+    properties=CLEANUP_PROPS,
+)
 def cleanup_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 04.2: ``answer(conn, now) -> number of lease rows deleted``; a property
     holds only where the cleanup deleted a lease row (every break counts)."""
@@ -315,13 +329,14 @@ def cleanup_check(answer, schedule: Schedule, history: list) -> None:
             if lease is not None:
                 lease_event(history, at + 0.25, lease)
             gen = lease and lease.generation
-            checks.append((
-                lease is not None and gen > highest[name], "after the cleanup, the next holder "
-                "gets a generation above every generation ever issued for the name (the "
-                "permanent counter survives the cleanup)", f"I acquired {name} "
-                f"({_KINDS[kinds[names.index(name)]][0]}) at t={at:g} and got "
-                + (f"generation {gen}; {highest[name]} had been issued" if lease else "nothing"),
-                "counter"))  # fmt: skip
-        checks.append((not moved, "the cleanup leaves lease_counter as it is",
-                       f"rows it changed or deleted: {moved}", "counter"))  # fmt: skip
+            rule = (
+                "after the cleanup, the next holder gets a generation above every generation "
+                "ever issued for the name (the permanent counter survives the cleanup)"
+            )
+            lease_words = _KINDS[kinds[names.index(name)]][0]
+            given = f"generation {gen}; {highest[name]} had been issued" if lease else "nothing"
+            detail = f"I acquired {name} ({lease_words}) at t={at:g} and got {given}"
+            checks.append((lease is not None and gen > highest[name], rule, detail, "counter"))
+        detail = f"rows it changed or deleted: {moved}"
+        checks.append((not moved, "the cleanup leaves lease_counter as it is", detail, "counter"))
         expect_all(checks, acted=acted)

@@ -275,13 +275,17 @@ HOLDER_HOSTILE = [
 
 
 @task(
-    "05.2", "the holder that stops at its deadline", HOLDER_HOSTILE, count=14, make=_holder_knobs,
+    "05.2",
+    "the holder that stops at its deadline",
+    HOLDER_HOSTILE,
+    count=14,
+    make=_holder_knobs,
     properties={
         "deadline": "no unit of work starts after the deadline of the last confirmed renewal",
         "finishes": "a holder whose renewals are confirmed quickly finishes the job",
         "ends": "the holder returns once the job is done or its deadline has passed unrenewed",
     },
-)  # fmt: skip
+)
 def holder_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 05.2: ``answer(clock, renew, work, *, acquired_at, ttl, margin, max_drift)``."""
     k = schedule.knobs
@@ -297,15 +301,8 @@ def holder_check(answer, schedule: Schedule, history: list) -> None:
                 return world.now()
 
         try:
-            answer(
-                HolderClock(),
-                world.renew,
-                world.work,
-                acquired_at=sent,
-                ttl=k["ttl"],
-                margin=k["margin"],
-                max_drift=k["max_drift"],
-            )
+            limits = {name: k[name] for name in ("ttl", "margin", "max_drift")}
+            answer(HolderClock(), world.renew, world.work, acquired_at=sent, **limits)
         except _Runaway:
             pass
         if world.first_late is not None:
@@ -322,15 +319,19 @@ def holder_check(answer, schedule: Schedule, history: list) -> None:
                 + (" (the lease had already passed to B)" if passed else ""),
                 prop="deadline",
             )
-        late = [v for v in (*violations(history), *warnings(history))  # discipline too
-                if v.kind in ("acted_after_expiry", "stale_accepted")]  # fmt: skip
+        found = (*violations(history), *warnings(history))  # discipline too
+        late = [v for v in found if v.kind in ("acted_after_expiry", "stale_accepted")]
         if world.done and not late:  # held here, before finishes or ends ends the schedule
             expect(True, "no unit of work starts after the deadline", prop="deadline")
         if k["benign"]:
-            expect(world.done == k["units"], "a holder whose renewals are all confirmed quickly "
-                   "renews in time and finishes the job",
-                   f"it stopped after {world.done} of {k['units']} units", prop="finishes")  # fmt: skip
-        local, deadline = world.offset + world.rate * world.true.now(), world.deadline
+            rule = (
+                "a holder whose renewals are all confirmed quickly renews in time and finishes "
+                "the job"
+            )
+            stopped = f"it stopped after {world.done} of {k['units']} units"
+            expect(world.done == k["units"], rule, stopped, prop="finishes")
+        local = world.offset + world.rate * world.true.now()
+        deadline = world.deadline
         over = world.done >= k["units"] or local >= deadline - 1e-9 * abs(deadline)
         if world.runaway or world.done:  # a holder that never worked is judged by nothing here
             expect(  # giving up at an unconfirmed renewal is stricter than needed, and allowed
@@ -343,5 +344,5 @@ def holder_check(answer, schedule: Schedule, history: list) -> None:
                 prop="ends",
             )
         if world.done:
-            expect(not late, "the holder never acts after its lease has passed to B",
-                   late[0].message if late else "", prop="deadline")  # fmt: skip
+            rule = "the holder never acts after its lease has passed to B"
+            expect(not late, rule, late[0].message if late else "", prop="deadline")

@@ -175,8 +175,8 @@ def _in_turn(*groups: list, acted: bool = True) -> None:
     """Judge every ``(property, holds, rule, detail[, acted])`` of the groups together (see
     ``expect_all``): one that held is evidence only where the answer ``acted``."""
     checks = [(*check, acted)[:5] for group in groups for check in group]
-    expect_all([(holds, rule, detail, prop) for prop, holds, rule, detail, did in checks
-                if did or not holds])  # fmt: skip
+    judged = [(ok, rule, detail, prop) for prop, ok, rule, detail, did in checks if did or not ok]
+    expect_all(judged)
 
 
 def _story(story: str, a: str, b: str) -> str:
@@ -250,8 +250,10 @@ def backoff_check(answer, schedule: Schedule, history: list) -> None:
             twice = [
                 answer(attempt, base=2 * base, cap=2 * cap, rng=Random(s)) for s in seeds[:AGAIN]
             ]
-            scales[attempt] = all(_number(d) and math.isclose(d, 2 * f, rel_tol=1e-9, abs_tol=1e-12)
-                                  for d, f in zip(twice, first))  # fmt: skip
+            scales[attempt] = all(
+                _number(d) and math.isclose(d, 2 * f, rel_tol=1e-9, abs_tol=1e-12)
+                for d, f in zip(twice, first)
+            )
     finally:
         restore_global(saved)
     for attempt, _, first, _ in runs[:6]:  # for the replay: one contender's waits (finite ones:
@@ -272,37 +274,52 @@ def backoff_check(answer, schedule: Schedule, history: list) -> None:
     real = {n: varies and max(first) >= c / 4 for n, c, first, _ in runs}
     _in_turn(
         [
-            ("range", all(_number(d) and 0 <= d <= c * (1 + 1e-9) for d in first),
-             f"every delay lies in [0, min(cap, base * 2**attempt)] = [0, {c:g}] at attempt {n}",
-             f"saw delays from {min(first):g} to {max(first):g}", real[n])
+            (
+                "range",
+                all(_number(d) and 0 <= d <= c * (1 + 1e-9) for d in first),
+                f"every delay lies in [0, min(cap, base * 2**attempt)] = [0, {c:g}] at attempt {n}",
+                f"saw delays from {min(first):g} to {max(first):g}",
+                real[n],
+            )
             for n, c, first, _ in runs
         ],
         [
-            ("growth", 0.65 * c <= max(first) and (max(first) <= 2 * c or c == cap),
-             f"{grow} = {c:g} at attempt {n} (exponential growth, up to the cap"
-             + (")" if c == cap else f"; still below the cap, not past {2 * c:g})"),
-             f"the largest of {SAMPLES} delays was {max(first):g}",
-             varies and max(first) <= 2 * c)
+            (
+                "growth",
+                0.65 * c <= max(first) and (max(first) <= 2 * c or c == cap),
+                f"{grow} = {c:g} at attempt {n} (exponential growth, up to the cap"
+                + (")" if c == cap else f"; still below the cap, not past {2 * c:g})"),
+                f"the largest of {SAMPLES} delays was {max(first):g}",
+                varies and max(first) <= 2 * c,
+            )
             for n, c, first, _ in runs
         ],
         [  # its shape where it reaches 0.8 of the ceiling (its height is growth's, a delay above
             # the ceiling range's; lower, a sample of a shorter range is too often all below its
             # half; one delay for every rng: from half): about half below half the ceiling
             # (the bounds here and in growth fail a fresh uniform sample about once in 10**4 runs)
-            ("full jitter", 3 <= low <= SAMPLES - 3,
-             f"{fit}uniformly from zero up, about half below half the ceiling, at attempt {n}",
-             f"{low} of {SAMPLES} delays lie below {top / 2:g}, half of {top:g}")
-            for n, c, first, _ in runs for top in [max(c, max(first))]
+            (
+                "full jitter",
+                3 <= low <= SAMPLES - 3,
+                f"{fit}uniformly from zero up, about half below half the ceiling, at attempt {n}",
+                f"{low} of {SAMPLES} delays lie below {top / 2:g}, half of {top:g}",
+            )
+            for n, c, first, _ in runs
+            for top in [max(c, max(first))]
             if max(first) >= (top / 2 if len(set(first)) == 1 else 0.8 * top)
             for low in [sum(d < top / 2 for d in first)]
         ],
         [
-            ("rng", first[:AGAIN] == again, same,
-             f"attempt {n}: two runs with equal seeds gave {first[0]!r} and {again[0]!r}",
-             real[n] and scales[n])
+            (
+                "rng",
+                first[:AGAIN] == again,
+                same,
+                f"attempt {n}: two runs with equal seeds gave {first[0]!r} and {again[0]!r}",
+                real[n] and scales[n],
+            )
             for n, _, first, again in runs
         ],
-    )  # fmt: skip
+    )
 
 
 def _number(d) -> bool:

@@ -52,10 +52,8 @@ _WHAT = {"fresh": "recently updated by its owner", "done": "finished", "queued":
 
 
 def _claim_rows(db) -> dict:
-    return {
-        r[0]: r[1:]
-        for r in execute(db, "SELECT job, owner, state, progress FROM claims ORDER BY job")
-    }
+    rows = execute(db, "SELECT job, owner, state, progress FROM claims ORDER BY job")
+    return {r[0]: r[1:] for r in rows}
 
 
 def _judge(checks: list) -> None:
@@ -292,7 +290,7 @@ def resume_check(answer, schedule: Schedule, history: list) -> None:
                 stop = Event(
                     clock.now(), owner, "write", "rejected", generation, target=count["stopped"]
                 )
-                history.append(stop)  # fmt: skip
+                history.append(stop)
             after = count.get("claim") or desk.get(job)
             bumps = after.version - claim.version - (after.state == "done")
             todo, every = len(units) - claim.progress, k["every"]
@@ -333,16 +331,17 @@ def resume_check(answer, schedule: Schedule, history: list) -> None:
         counts = dict(execute(admin, "SELECT unit, COUNT(*) FROM issued GROUP BY unit"))
         twice = {u: n for u, n in counts.items() if n > 1}
         missing = [u for u, _ in units if u not in counts]
-        # fmt: off
         if counts:
-            checks.append(("no repeat", not twice, ("a retry never repeats an invoice that was "
-                           "already issued (one operation id per unit)"),
-                           f"units invoiced more than once: {twice}" + " after B died" * died))
-        checks.append(("every unit", not missing, "every unit gets its invoice",
-                       f"missing: {missing}; the claim: {final}"))
-        counted = final.progress == len(units) or bool(missing)  # a unit skipped is every unit's fault
-        checks.append(("finishes", final.state == "done" and counted,
-                       "the job ends done, with its progress at the number of units",
-                       f"the claim: {final}"))
-        # fmt: on
+            rule = (
+                "a retry never repeats an invoice that was already issued (one operation id per "
+                "unit)"
+            )
+            detail = f"units invoiced more than once: {twice}" + " after B died" * died
+            checks.append(("no repeat", not twice, rule, detail))
+        detail = f"missing: {missing}; the claim: {final}"
+        checks.append(("every unit", not missing, "every unit gets its invoice", detail))
+        # a unit skipped is every unit's fault
+        counted = final.progress == len(units) or bool(missing)
+        rule = "the job ends done, with its progress at the number of units"
+        checks.append(("finishes", final.state == "done" and counted, rule, f"the claim: {final}"))
     _judge(checks)

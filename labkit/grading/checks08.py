@@ -101,11 +101,8 @@ def _publish_intents(admin, outbox, k, rng, job: str) -> tuple[list, list]:
     emails = []
     for i in range(k["intents"]):
         to = rng.choice(["ops@example.com", "billing@example.com"])
-        email = {
-            "to": to,
-            "subject": f"run {job} report {i}",
-            "body": f"total {rng.randrange(10**6)}",
-        }
+        body = f"total {rng.randrange(10**6)}"
+        email = {"to": to, "subject": f"run {job} report {i}", "body": body}
         emails.append((f"{job}/report-{i}", email))
     with fence.guard(8) as tx:
         for key, email in emails:
@@ -119,14 +116,18 @@ def _publish_intents(admin, outbox, k, rng, job: str) -> tuple[list, list]:
 
 
 @task(
-    "08.1", "the outbox relay", RELAY_HOSTILE, count=16, make=_relay_knobs,
+    "08.1",
+    "the outbox relay",
+    RELAY_HOSTILE,
+    count=16,
+    make=_relay_knobs,
     properties={
         "never lost": "every committed email intent is delivered, even when a send fails",
         "never twice": "no email goes out twice, even when the relay dies between sending and marking",
         "marked sent": "after a clean relay run, every delivered intent is marked sent",
         "others alone": "the email relay leaves other kinds of intent alone",
     },
-)  # fmt: skip
+)
 def relay_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 08.1: ``answer(db, mail)`` sends pending email intents, each with its key."""
     from labkit.mechanisms.effects import Outbox
@@ -233,7 +234,10 @@ def _publish_knobs(rng: Random) -> dict:
 
 
 @task(
-    "08.2", "the report and its email intent in one fenced transaction", PUBLISH_HOSTILE, count=8,
+    "08.2",
+    "the report and its email intent in one fenced transaction",
+    PUBLISH_HOSTILE,
+    count=8,
     make=_publish_knobs,
     properties={
         "via outbox": "the email goes out only through the fenced outbox, never from a stale worker",
@@ -241,7 +245,7 @@ def _publish_knobs(rng: Random) -> dict:
         "one email": "the report is announced by exactly one email, even when the step is redone",
         "together": "the report file and its email intent commit together or not at all",
     },
-)  # fmt: skip
+)
 def publish_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 08.2: ``answer(generation, *, fence, files, outbox, mail, report, email)``."""
     from labkit.errors import KeyReused, StaleGeneration
@@ -267,8 +271,8 @@ def publish_check(answer, schedule: Schedule, history: list) -> None:
             email = {"to": "ops@example.com", "subject": f"{job} report", "body": body}
             sent_before, outcome = len(provider.records()), "rejected"
             try:
-                answer(generation, fence=Fence(conn, job), files=files, outbox=outbox, mail=mail,
-                       report=report, email=email)  # fmt: skip
+                given = {"fence": Fence(conn, job), "files": files, "outbox": outbox, "mail": mail}
+                answer(generation, **given, report=report, email=email)
             except NotImplementedError:
                 raise
             except Exception as exc:  # stale, the planned death, or a surprise (judged at the end)
@@ -287,9 +291,12 @@ def publish_check(answer, schedule: Schedule, history: list) -> None:
                 history.append(Event(now, name, "email", "ok", generation, key=key, target=subject))
             done["effects"] += effects
             if effects and story != "half":  # there, only the file and its intent are judged
-                checks.append(("via outbox", not mail.calls, ("the answer never calls the email "
-                               "provider itself (a stale worker that reaches it cannot be stopped)"),
-                               f"{name} ({generation}) called mail.send"))  # fmt: skip
+                rule = (
+                    "the answer never calls the email provider itself (a stale worker that "
+                    "reaches it cannot be stopped)"
+                )
+                detail = f"{name} ({generation}) called mail.send"
+                checks.append(("via outbox", not mail.calls, rule, detail))
             clock.advance(1)
 
         def report(g: int) -> bytes:
@@ -316,22 +323,27 @@ def publish_check(answer, schedule: Schedule, history: list) -> None:
             history.append(Event(clock.now(), "relay", "email", "ok", target=body))
         intents = execute(admin, "SELECT COUNT(*) FROM outbox WHERE kind = 'email'")[0][0]
         want = report(9 if story == "redo" else 8)
-        # fmt: off
         if story == "half" and done["effects"]:
-            checks.append(("together", (content, intents) in ((None, 0), (want, 1)),
-                           "the report file and its email intent commit together or not at all",
-                           f"after the worker died: report file {content!r}, {intents} email intents"))
+            together = (content, intents) in ((None, 0), (want, 1))
+            rule = "the report file and its email intent commit together or not at all"
+            detail = f"after the worker died: report file {content!r}, {intents} email intents"
+            checks.append(("together", together, rule, detail))
         elif story != "half":
             if content is not None or emails:
-                checks.append(("via outbox", "the total is 0 (stale)" not in emails, ("a stale worker's "
-                               "email never goes out (its intent is fenced out with its file write)"),
-                               f"emails: {emails}"))
-            checks.append(("current report", content == want, "the committed report is the current owner's",
-                           f"report.txt holds {content!r}, not {want!r}"))
-            checks.append(("one email", emails == [body_b], ("the committed report is announced by "
-                           "exactly one email, even when the step is redone or the worker dies at "
-                           "the email provider"), f"emails sent: {emails}"))
-        # fmt: on
+                fenced = "the total is 0 (stale)" not in emails
+                rule = (
+                    "a stale worker's email never goes out (its intent is fenced out with its "
+                    "file write)"
+                )
+                checks.append(("via outbox", fenced, rule, f"emails: {emails}"))
+            rule = "the committed report is the current owner's"
+            detail = f"report.txt holds {content!r}, not {want!r}"
+            checks.append(("current report", content == want, rule, detail))
+            rule = (
+                "the committed report is announced by exactly one email, even when the step is "
+                "redone or the worker dies at the email provider"
+            )
+            checks.append(("one email", emails == [body_b], rule, f"emails sent: {emails}"))
         _judge(checks)
         if surprises:
             raise Broken("runs", "", "; ".join(surprises))

@@ -158,9 +158,11 @@ def grade(
 
     lacking = missing()
     if lacking and not unsandboxed:
-        raise LabkitError("refusing to grade: answers would run without a sandbox:\n  "
-                          + "\n  ".join(lacking) + "\n(--unsandboxed grades anyway, "
-                          "and marks every result UNSANDBOXED)")  # fmt: skip
+        listed = "\n  ".join(lacking)
+        raise LabkitError(
+            f"refusing to grade: answers would run without a sandbox:\n  {listed}\n"
+            "(--unsandboxed grades anyway, and marks every result UNSANDBOXED)"
+        )
     solutions = pathlib.Path(solutions).resolve()
     canon = canonical(solutions)
     subs = [s for s in collect(paths) if only is None or s.student == only]
@@ -254,10 +256,15 @@ def main(argv: list[str] | None = None) -> int:
     outputs += [args.feedback.resolve()] if args.feedback else []
     try:
         subs = grade(
-            args.submissions, solutions=args.solutions, cell_timeout=args.cell_timeout,
-            jobs=max(1, args.jobs), only=args.only, hide=outputs, unsandboxed=args.unsandboxed,
+            args.submissions,
+            solutions=args.solutions,
+            cell_timeout=args.cell_timeout,
+            jobs=max(1, args.jobs),
+            only=args.only,
+            hide=outputs,
+            unsandboxed=args.unsandboxed,
             seed=args.seed,
-        )  # fmt: skip
+        )
     except LabkitError as exc:
         print(f"labkit.grade: {exc}", file=sys.stderr)
         return 3

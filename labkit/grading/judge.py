@@ -138,8 +138,10 @@ class Sandbox(wire.Peer):
             target.set_progress_handler((lambda: 1 if dying() else 0) if dying else None, 1)
         self.broken = True  # the answer's process still waits for this reply: it is done for
         if refused[0] == "slow":
-            raise Refused(f"an SQL statement took too long (over {STATEMENT_LIMIT:g} s, or past "
-                          "the task's time)")  # fmt: skip
+            raise Refused(
+                f"an SQL statement took too long (over {STATEMENT_LIMIT:g} s, or past "
+                "the task's time)"
+            )
         raise Refused(f"the judge does not run that SQL ({refused[0]}): a task needs none of it")
 
     def kind(self, value) -> list:

@@ -52,12 +52,14 @@ _A = sqlite3
 ROWS = {_A.SQLITE_READ, _A.SQLITE_INSERT, _A.SQLITE_UPDATE, _A.SQLITE_DELETE}
 PLAIN = {_A.SQLITE_SELECT, _A.SQLITE_TRANSACTION, _A.SQLITE_SAVEPOINT}
 #: the statement kinds an answer may run, beside those: the authorizer's action codes by name
-KINDS = {v: k[7:] for k, v in vars(_A).items() if k.startswith("SQLITE_") and k[7:] in (
+_KIND_NAMES = (
     "CREATE_INDEX CREATE_TABLE CREATE_TEMP_INDEX CREATE_TEMP_TABLE CREATE_TEMP_TRIGGER "
     "CREATE_TEMP_VIEW CREATE_TRIGGER CREATE_VIEW DELETE DROP_INDEX DROP_TABLE DROP_TEMP_INDEX "
     "DROP_TEMP_TABLE DROP_TEMP_TRIGGER DROP_TEMP_VIEW DROP_TRIGGER DROP_VIEW INSERT PRAGMA READ "
     "SELECT TRANSACTION UPDATE ATTACH DETACH ALTER_TABLE REINDEX ANALYZE CREATE_VTABLE "
-    "DROP_VTABLE FUNCTION SAVEPOINT RECURSIVE").split()}  # fmt: skip
+    "DROP_VTABLE FUNCTION SAVEPOINT RECURSIVE"
+).split()
+KINDS = {v: k[7:] for k, v in vars(_A).items() if k.startswith("SQLITE_") and k[7:] in _KIND_NAMES}
 # A trial's connections run ``PRAGMA trusted_schema = OFF`` (lab.Scratch.open); SQLite's
 # defensive mode needs Connection.setconfig, which arrives in Python 3.12 (this is 3.11).
 
@@ -129,19 +131,23 @@ def authorizer(refused: list):
             return _A.SQLITE_OK
         table = first if action in ROWS or action == _A.SQLITE_CREATE_TABLE else None
         name = (second if action == _A.SQLITE_FUNCTION else first) or ""
-        ok = action in PLAIN or action == _A.SQLITE_READ and database is None or (  # a CTE
-            action == _A.SQLITE_FUNCTION and name.lower() in FUNCTIONS
-            or action == _A.SQLITE_PRAGMA and database in (None, "main") and (
-                name.lower() in PRAGMAS and second not in PRIVATE
-                or name.lower() == "busy_timeout" and second is None)
-            or table is not None and database == "main" and (
-                table in TABLES or PROBE.fullmatch(table)
-                or table == "sqlite_master")  # SQLite's own rows of a CREATE TABLE: it
-            # refuses a statement's own writes there while writable_schema is off, as it stays
-            or action == _A.SQLITE_CREATE_INDEX and database == "main"
-            and first.startswith("sqlite_autoindex_") and second in TABLES
-            or action == _A.SQLITE_DROP_TABLE and database == "main" and PROBE.fullmatch(name)
-        )  # fmt: skip
+        main = database == "main"
+        pragma = action == _A.SQLITE_PRAGMA and database in (None, "main")
+        index = action == _A.SQLITE_CREATE_INDEX and main
+        drop = action == _A.SQLITE_DROP_TABLE and main
+        ok = (
+            action in PLAIN
+            or (action == _A.SQLITE_READ and database is None)  # a CTE
+            or (action == _A.SQLITE_FUNCTION and name.lower() in FUNCTIONS)
+            or (pragma and name.lower() in PRAGMAS and second not in PRIVATE)
+            or (pragma and name.lower() == "busy_timeout" and second is None)
+            or (table is not None and main and (table in TABLES or PROBE.fullmatch(table)))
+            # SQLite's own rows of a CREATE TABLE: it refuses a statement's own writes there
+            # while writable_schema is off, as it stays
+            or (table == "sqlite_master" and main)
+            or (index and first.startswith("sqlite_autoindex_") and second in TABLES)
+            or (drop and PROBE.fullmatch(name))
+        )
         if ok:
             return _A.SQLITE_OK
         what = KINDS.get(action, str(action)).replace("_", " ").lower()

@@ -175,8 +175,10 @@ def missing() -> list[str]:
     if group is not None:
         _remove(group)
     if kind is None:
-        return ["no process limit: no pids cgroup (v1, or v2 delegated) and no setpriv to run "
-                "answers as a user of their own (`apt-get install util-linux`)"]  # fmt: skip
+        return [
+            "no process limit: no pids cgroup (v1, or v2 delegated) and no setpriv to run "
+            "answers as a user of their own (`apt-get install util-linux`)"
+        ]
     why = _works(tool, _uid() if kind == "uid" else None)
     return [f"bubblewrap cannot start a sandbox here: {why}"] if why else []
 
@@ -238,10 +240,15 @@ class Jail:
             self.folder = tempfile.mkdtemp(prefix="labkit-answer-")
             argv, cwd = [sys.executable, "-I", str(WORKER)], self.folder
         self.process = subprocess.Popen(
-            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, pass_fds=(3, 4),
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            pass_fds=(3, 4),
             preexec_fn=_both(_limits(self.group), {rw: 3, wj: 4}),
-        )  # fmt: skip
+        )
         os.close(rw), os.close(wj)
 
     def close(self) -> None:

@@ -32,8 +32,10 @@ class Failure:
     run: int | None = None  # the grading run's seed (see :class:`~labkit.grading.lab.Schedule`)
 
     def __post_init__(self) -> None:  # JSON has no tuples: a token (epoch, n) comes back one
-        events = tuple({**e, "generation": _token(e["generation"])} if "generation" in e else e
-                       for e in self.events)  # fmt: skip
+        events = tuple(
+            {**e, "generation": _token(e["generation"])} if "generation" in e else e
+            for e in self.events
+        )
         object.__setattr__(self, "events", events)
 
     def lines(self, task: str, answer: str) -> list[str]:
@@ -162,9 +164,13 @@ class Report:
             return Finding(d["prop"], d["words"], d["held"], broken or None)
 
         return cls(
-            data["task"], data["title"], data["answer"],
-            tuple(map(finding, data["findings"])), finding(data["problem"]), data.get("run"),
-        )  # fmt: skip
+            data["task"],
+            data["title"],
+            data["answer"],
+            tuple(map(finding, data["findings"])),
+            finding(data["problem"]),
+            data.get("run"),
+        )
 
 
 def unrun(task: str, why: str, *, title: str = "", answer: str = "answer", props=()) -> Report:

@@ -123,9 +123,16 @@ def _random_story(rng: Random) -> dict:
 
 
 def task(
-    task_id: str, title: str, hostile: Iterable[dict], *, count=0, make=_random_story, returns=(),
-    properties: dict, vary=None,
-):  # fmt: skip
+    task_id: str,
+    title: str,
+    hostile: Iterable[dict],
+    *,
+    count=0,
+    make=_random_story,
+    returns=(),
+    properties: dict,
+    vary=None,
+):
     """Register ``trial(answer, schedule, history)`` as the check for ``task_id``.
 
     It runs under the ``hostile`` schedules, then ``count`` random ones whose knobs
@@ -140,8 +147,9 @@ def task(
         return lab.schedules(hostile, count=count, make=make, run=run, vary=vary)
 
     def register(trial):
-        _REGISTRY[task_id] = Task(task_id, title, trial, tuple(draw(None)), tuple(returns),
-                                  dict(properties or {"": title}), draw)  # fmt: skip
+        rows = tuple(draw(None))
+        props = dict(properties or {"": title})
+        _REGISTRY[task_id] = Task(task_id, title, trial, rows, tuple(returns), props, draw)
         return trial
 
     return register
@@ -209,8 +217,10 @@ def _later(t: Task, rows: tuple, schedule, rival: dict, fronts: dict) -> list:
 def _boundary(t: Task, row, front: dict, at: str):
     front["next"] += 1
     seed = row.seed + SPREAD * (front["next"] - 1)
-    name = ("the rival after the whole call (the other order)" if at == "end"
-            else f"the rival just before {at} (each boundary the call reaches)")  # fmt: skip
+    if at == "end":
+        name = "the rival after the whole call (the other order)"
+    else:
+        name = f"the rival just before {at} (each boundary the call reaches)"
     knobs = dict(row.knobs, **{row.knobs["each"]: at}, inputs=row.seed)
     return lab.Schedule(seed, knobs, name, row.run)
 
@@ -221,8 +231,11 @@ def schedule_of(t: Task, seed: int, probe=None, run: int | None = None):
     rows = {s.seed: s for s in t.rows(run)}
     row = (rows.get(seed) or rows.get(seed % SPREAD)) if isinstance(seed, int) else None
     if row is None or seed not in rows and not (seed > 0 and row.knobs.get("each")):
-        raise BadArgument("seed", f"task {t.id} has no schedule with seed {seed!r}; its seeds are "
-                          f"{sorted(rows)} (and boundaries of the rows marked each)")  # fmt: skip
+        raise BadArgument(
+            "seed",
+            f"task {t.id} has no schedule with seed {seed!r}; its seeds are "
+            f"{sorted(rows)} (and boundaries of the rows marked each)",
+        )
     if seed in rows:
         return row
     front = {"found": [], "tried": set(), "next": 1}
@@ -264,8 +277,10 @@ def verdict(task_id: str, answers, name: str, *, run: int | None = None) -> Repo
             if each.prop not in broken or len(failure.events) < len(broken[each.prop].events):
                 broken[each.prop] = failure  # the shortest failing schedule
         if seen - set(t.properties):
-            raise LabkitError(f"task {t.id}: its trial checks {seen - set(t.properties)}, "
-                              f"which it does not declare ({sorted(t.properties)})")  # fmt: skip
+            raise LabkitError(
+                f"task {t.id}: its trial checks {seen - set(t.properties)}, "
+                f"which it does not declare ({sorted(t.properties)})"
+            )
         for prop in seen - set(broken):
             held[prop] += 1
     return Report(t.id, t.title, name, _found(t, held, broken), run=run)

@@ -260,16 +260,27 @@ def perform(target, what: str, args: list):
         cursor = getattr(target, what)(*args)
         rows, names = cursor.fetchall(), cursor.description
         names = None if names is None else [d[0] for d in names]
-        return {"rows": rows, "rowcount": cursor.rowcount, "lastrowid": cursor.lastrowid,
-                "description": names}  # fmt: skip
+        return {
+            "rows": rows,
+            "rowcount": cursor.rowcount,
+            "lastrowid": cursor.lastrowid,
+            "description": names,
+        }
     if what == "exit":
         exc = None if args[0] is None else rebuild(args[0], keep_name=False)
         return target.__exit__(None if exc is None else type(exc), exc, None)
     if what == "getitem":
         return target[args[0]]
-    simple = {"commit": lambda t: t.commit(), "rollback": lambda t: t.rollback(),
-              "close": lambda t: t.close(), "enter": lambda t: t.__enter__(), "list": list,
-              "len": len, "bool": bool, "repr": repr}  # fmt: skip
+    simple = {
+        "commit": lambda t: t.commit(),
+        "rollback": lambda t: t.rollback(),
+        "close": lambda t: t.close(),
+        "enter": lambda t: t.__enter__(),
+        "list": list,
+        "len": len,
+        "bool": bool,
+        "repr": repr,
+    }
     if what not in simple:
         raise AttributeError(f"no such request {what!r}")
     return simple[what](target)

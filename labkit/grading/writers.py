@@ -78,13 +78,13 @@ def _raised_first(sql: list[str]) -> list:
     if touch is None:
         return []
     raised = next((i for i, s in enumerate(sql) if _RAISE.match(s)), None)
-    return [(
-        raised is not None and raised < touch,
-        "the fence is raised before the protected state is read or written (the UPDATE of job_fence "
-        "comes before the first statement that touches it)",
-        "the statements were: " + " | ".join(s.strip().split("\n")[0][:70] for s in sql[: touch + 1]),
-        "fence first",
-    )]  # fmt: skip
+    first = raised is not None and raised < touch
+    shown = " | ".join(s.strip().split("\n")[0][:70] for s in sql[: touch + 1])
+    rule = (
+        "the fence is raised before the protected state is read or written (the UPDATE of "
+        "job_fence comes before the first statement that touches it)"
+    )
+    return [(first, rule, f"the statements were: {shown}", "fence first")]
 
 
 def generation_of(db, job: str) -> int:

@@ -45,7 +45,9 @@ def is_current(authority: LeaseAuthority, sequencer: Lease) -> bool:
     """The resource's question to the lock service: is ``sequencer`` (name, owner and
     generation) still the lease it holds? True is an answer about now, not about later."""
     held = authority.current(sequencer.name)
-    return held is not None and (held.owner, held.generation) == (sequencer.owner, sequencer.generation)  # fmt: skip
+    if held is None:
+        return False
+    return (held.owner, held.generation) == (sequencer.owner, sequencer.generation)
 
 
 def straggler(delay: float, in_flight: float, *, ttl: float = 10.0) -> dict:

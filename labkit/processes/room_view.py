@@ -69,8 +69,13 @@ class View:
     def title(self, protected: bool | None = None) -> str:
         writes, refused, pauses = (sum(c[i] for c in self.totals.values()) for i in range(3))
         mode = {True: "protected", False: "unprotected", None: ""}[protected]
-        parts = [f"{len(self.students)} students", mode, f"{writes} writes",
-                 f"{refused} stale writes refused", f"{pauses} pauses"]  # fmt: skip
+        parts = [
+            f"{len(self.students)} students",
+            mode,
+            f"{writes} writes",
+            f"{refused} stale writes refused",
+            f"{pauses} pauses",
+        ]
         return " · ".join(p for p in parts if p)
 
 
@@ -124,15 +129,15 @@ class Picture:
         self.pauses = ax.add_collection(PolyCollection([], **SPAN_STYLES["pause"]))
         self.refused = ax.scatter([], [], marker="x", s=36, color=COLOURS["rejected"], zorder=5)
         (self.fence,) = ax.step([], [], where="post", color=COLOURS["fence"], linewidth=2)
-        self.marks = [ax.annotate("", (0, 0), xytext=(2, 3), textcoords="offset points",
-                                  fontsize="small", color=COLOURS["fence"], fontweight="bold")
-                      for _ in range(LABELS)]  # fmt: skip
+        fence_text = {"color": COLOURS["fence"], "fontweight": "bold"}
+        mark = {"xytext": (2, 3), "textcoords": "offset points", "fontsize": "small", **fence_text}
+        self.marks = [ax.annotate("", (0, 0), **mark) for _ in range(LABELS)]
         ax.set_yticks([])  # the lanes' names as plain texts: 30 ticks cost more than the data
         ax.grid(axis="x", alpha=0.3)
-        ax.annotate(KEY, (0, 0), xycoords="axes fraction", xytext=(0, -36), ha="left", va="top",
-                    textcoords="offset points", fontsize="small", color="#555555")  # fmt: skip
-        ax.text(-0.005, -1.0, "fence", transform=ax.get_yaxis_transform(), ha="right",
-                va="center", color=COLOURS["fence"], fontweight="bold")  # fmt: skip
+        below = {"xycoords": "axes fraction", "xytext": (0, -36), "textcoords": "offset points"}
+        ax.annotate(KEY, (0, 0), **below, ha="left", va="top", fontsize="small", color="#555555")
+        lane_axis = ax.get_yaxis_transform()
+        ax.text(-0.005, -1.0, "fence", transform=lane_axis, ha="right", va="center", **fence_text)
 
     def show(self, view: View, protected: bool | None = None) -> Picture:
         """Give the artists ``view``'s data; return the picture."""
@@ -145,10 +150,12 @@ class Picture:
         end = view.end if view.rows else 0.0
         leases, pauses, refused, fence = _spans(view.rows, end - view.window, end)
         least = view.window / 250  # a lease is at least ~4 px wide at this width
-        self.leases.set_verts([_box(x, max(w, least), lanes[n], 0.38)
-                               for n in lanes for x, w in leases.get(n, [])])  # fmt: skip
-        self.pauses.set_verts([_box(x, w, lanes[n], 0.3) for n in lanes
-                               for x, w in pauses.get(n, [])])  # fmt: skip
+        self.leases.set_verts(
+            [_box(x, max(w, least), lanes[n], 0.38) for n in lanes for x, w in leases.get(n, [])]
+        )
+        self.pauses.set_verts(
+            [_box(x, w, lanes[n], 0.3) for n in lanes for x, w in pauses.get(n, [])]
+        )
         crosses = [(x, lanes[w]) for x, w in refused if w in lanes]
         self.refused.set_offsets(crosses or np.empty((0, 2)))
         self._fence(fence, view.window)
@@ -163,8 +170,10 @@ class Picture:
             label.remove()
         self.lanes, ax = list(view.students), self.ax
         transform = ax.get_yaxis_transform()
-        self.labels = [ax.text(-0.005, y, name, transform=transform, ha="right", va="center")
-                       for y, name in enumerate(self.lanes)]  # fmt: skip
+        self.labels = [
+            ax.text(-0.005, y, name, transform=transform, ha="right", va="center")
+            for y, name in enumerate(self.lanes)
+        ]
         ax.set_ylim(len(self.lanes) - 0.5, -1.75)  # the fence's band above the lanes
         if not self.sized:
             height = 1.9 + 0.26 * (max(len(self.lanes), 2) + 2)  # inches: title, fence, lanes
@@ -239,8 +248,9 @@ class Watcher:
         return f"<watching the room: {state}, {self.redraws} redraws{last}>"
 
 
-def watch(room, seconds: float | None = None, *, every: float = 1.0, window: float = 20.0,
-          show=None) -> Watcher:  # fmt: skip
+def watch(
+    room, seconds: float | None = None, *, every: float = 1.0, window: float = 20.0, show=None
+) -> Watcher:
     """Redraw ``room`` every ``every`` seconds in the background (for ``seconds``, or until
     ``.stop()``) and return at once, so the next cell runs meanwhile. It reads through its own
     connection. ``show(png_bytes)`` defaults to one updated image in the notebook."""

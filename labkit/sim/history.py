@@ -216,6 +216,7 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
                 if highest is None or mine > token(highest):
                     highest = e.generation
                 at, before, stale = last_write.get(e.target, (i, None, False))
+                unseen = last_read.get((e.worker, e.target), at) < at  # its last read came before
                 if before is not None and mine < token(before.generation):
                     flag(
                         "lost_update",
@@ -223,11 +224,7 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
                         f"{e.worker} (generation {e.generation}) overwrote "
                         f"{e.target} written by {before.worker} (generation {before.generation})",
                     )
-                elif (
-                    before is not None
-                    and before.worker != e.worker
-                    and last_read.get((e.worker, e.target), at) < at
-                ):
+                elif before is not None and before.worker != e.worker and unseen:
                     if stale and not _late(e, end):  # the stale write landed in the gap
                         flag(
                             "lost_update",
@@ -247,8 +244,8 @@ def check(history: Iterable[Event], final: Mapping[str, object] | None = None) -
                 last_write[e.target] = (i, e, _late(e, end))
                 mine_before = [j for j, x in acted if x.worker == e.worker]
                 others = [x for j, x in acted if mine_before and j > mine_before[-1]]
-                rival = next((x for x in others if x.worker != e.worker
-                              and token(x.generation) >= mine), None)  # fmt: skip
+                rivals = [x for x in others if x.worker != e.worker and token(x.generation) >= mine]
+                rival = rivals[0] if rivals else None
                 if rival is not None and len(found) == before_found:
                     flag(
                         "interleaved",
@@ -289,11 +286,15 @@ def warnings(history: Iterable[Event]) -> list[TimingWarning]:
     ['acted_after_expiry']
     """
     return [
-        TimingWarning("acted_after_expiry", e, f"{e.worker} committed a {e.action} at "
-                      f"t={e.time:g}, after its lease {how} at t={end:g}")
+        TimingWarning(
+            "acted_after_expiry",
+            e,
+            f"{e.worker} committed a {e.action} at t={e.time:g}, "
+            f"after its lease {how} at t={end:g}",
+        )
         for e, end, how in _lease_ends(_checked(history, None))
         if e.outcome == "ok" and e.action in EFFECTS and _late(e, end)
-    ]  # fmt: skip
+    ]
 
 
 _HEADLINE = ("lost_update", *(k for k in VIOLATION_KINDS if k != "lost_update"))  # worst first

@@ -21,9 +21,17 @@ __all__ = ["TimelineRenderer"]
 
 #: the settings a picture depends on besides its run: presenter mode changes them
 _MODE = (
-    "font.size", "axes.titlesize", "axes.labelsize", "xtick.labelsize", "ytick.labelsize",
-    "legend.fontsize", "lines.linewidth", "lines.markersize", "hatch.linewidth", "axes.linewidth",
-)  # fmt: skip
+    "font.size",
+    "axes.titlesize",
+    "axes.labelsize",
+    "xtick.labelsize",
+    "ytick.labelsize",
+    "legend.fontsize",
+    "lines.linewidth",
+    "lines.markersize",
+    "hatch.linewidth",
+    "axes.linewidth",
+)
 
 
 class _Frame:
