@@ -4,8 +4,8 @@ sentence, the run the lesson's code cell draws, and a check on that run's events
 Read it like the lecture: each row is a sentence a student reads under a timeline, and the
 function beside it says which events make the sentence true."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from labkit.scenarios import (
     backup_restore,
@@ -81,7 +81,11 @@ def a7_then_b8_at_10(h):
 def inv1_ends_with_7(h):
     """The last committed INV-1 carries generation 7, though B (8) wrote it and released before."""
     b_release = find(h, "B", "release", "ok")
-    return last_write(h, "INV-1").generation == 7 and bool(b_release) and b_release[0].time < last_write(h, "INV-1").time
+    return (
+        last_write(h, "INV-1").generation == 7
+        and bool(b_release)
+        and b_release[0].time < last_write(h, "INV-1").time
+    )
 
 
 def a_release_refused_after_its_write(h):
@@ -128,13 +132,21 @@ def a_lands_in_b_gap(h):
     """A's write commits between B's read of INV-1 and B's write, and B's write is last."""
     read = find(h, "B", "read", target="INV-1")[0]
     a, b = find(h, "A", "write", "ok", "INV-1"), find(h, "B", "write", "ok", "INV-1")
-    return bool(a and b) and read.time <= a[0].time <= b[0].time and last_write(h, "INV-1").worker == "B"
+    return (
+        bool(a and b)
+        and read.time <= a[0].time <= b[0].time
+        and last_write(h, "INV-1").worker == "B"
+    )
 
 
 def b_bills_order_twice(h):
     """B's two writes with its key both commit, with the same generation 8."""
     billed = find(h, "B", "write", "ok")
-    return len(billed) == 2 and {e.key for e in billed} == {billed[0].key} and {e.generation for e in billed} == {8}
+    return (
+        len(billed) == 2
+        and {e.key for e in billed} == {billed[0].key}
+        and {e.generation for e in billed} == {8}
+    )
 
 
 def b_bills_order_once(h):
@@ -146,7 +158,9 @@ def a_moves_fence_back(h):
     """A's raise to 7 commits after B's raise to 8, and A's INV-1 replaces B's."""
     b_raise = find(h, "B", "raise", "ok")
     a_raise = [e for e in find(h, "A", "raise", "ok") if e.generation == 7]
-    return bool(a_raise and b_raise) and a_raise[-1].time > b_raise[0].time and a_overwrites_b_inv1(h)
+    return (
+        bool(a_raise and b_raise) and a_raise[-1].time > b_raise[0].time and a_overwrites_b_inv1(h)
+    )
 
 
 def fence_8_but_inv1_7(h):
@@ -159,7 +173,11 @@ def b_reads_a_then_replaces(h):
     a = find(h, "A", "write", "ok", "INV-1")
     b_raise = [e for e in find(h, "B", "raise", "ok") if e.generation == 8]
     read = [e for e in find(h, "B", "read", target="INV-1") if e.generation == 7]
-    return bool(a and b_raise and read) and a[0].time <= b_raise[0].time and last_write(h, "INV-1").worker == "B"
+    return (
+        bool(a and b_raise and read)
+        and a[0].time <= b_raise[0].time
+        and last_write(h, "INV-1").worker == "B"
+    )
 
 
 def a_export_lands_on_inv2(h):
@@ -183,7 +201,7 @@ def b_handed_7_again(h):
 
 
 def a_writes_after_authority_tick(h):
-    """A commits writes after the lease the authority granted it ended, and B's INV-1 is overwritten-free of A only protected."""
+    """A commits writes at or after the end of the lease the authority granted it, where B takes over."""
     end = max(e.until for e in find(h, "A", action="renew", outcome="ok") + [grant(h, "A")])
     return any(e.time >= end for e in find(h, "A", "write", "ok")) and grant(h, "B").time == end
 
@@ -218,12 +236,20 @@ def a_release_deletes_b_lease(h):
 def a_release_refused(h):
     """A's late release is refused and C only gets the lease after B released it."""
     b_release = find(h, "B", "release", "ok")
-    return bool(find(h, "A", "release", "lost")) and bool(b_release) and grant(h, "C").time >= b_release[0].time
+    return (
+        bool(find(h, "A", "release", "lost"))
+        and bool(b_release)
+        and grant(h, "C").time >= b_release[0].time
+    )
 
 
 def a_lands_on_b_after_pause(h):
     """A, paused at t=4, commits INV-1 after B's INV-1 (generation 8) and is the last writer."""
-    return find(h, "A", "pause")[0].time == 4 and grant(h, "B").generation == 8 and a_overwrites_b_inv1(h)
+    return (
+        find(h, "A", "pause")[0].time == 4
+        and grant(h, "B").generation == 8
+        and a_overwrites_b_inv1(h)
+    )
 
 
 def w_acts_on_replayed_notice(h):
@@ -263,6 +289,35 @@ def one_email_with_replay(h):
     return relay == ["ok", "duplicate"] and bool(find(h, "A", "email", "rejected"))
 
 
+def lands_between_read_and_write(h, writer, reader, target):
+    """``writer``'s committed ``target`` falls between ``reader``'s read of it and its write,
+    and the reader's write is the last: the reader replaced it without having seen it."""
+    read = find(h, reader, "read", target=target)
+    mine = find(h, writer, "write", "ok", target)
+    theirs = find(h, reader, "write", "ok", target)
+    return (
+        any(
+            r.time <= m.time <= t.time and h.index(r) < h.index(m) < h.index(t)
+            for r in read
+            for m in mine
+            for t in theirs
+        )
+        and last_write(h, target).worker == reader
+    )
+
+
+def a_inv2_unseen_by_b(h):
+    """A's second write, INV-2, lands between B's read and B's write of INV-2."""
+    return lands_between_read_and_write(h, "A", "B", "INV-2")
+
+
+def b_replaces_a_unseen(h):
+    """Some write of A's lands after B read that invoice and before B wrote it."""
+    return any(
+        lands_between_read_and_write(h, "A", "B", inv) for inv in ("INV-1", "INV-2", "INV-3")
+    )
+
+
 @dataclass(frozen=True)
 class Claim:
     """A sentence of a lesson, the run it describes and the check on that run's events."""
@@ -283,56 +338,104 @@ def claim(notebook, sentence, call, holds, **knobs) -> Claim:
 
 U, P = {"protected": False}, {"protected": True}
 
+# One row per sentence, as the lessons read (kept one line each: a table, not code).
+# fmt: off
 CLAIMS = [
-    # 00: lesson 01's story with the defaults
-    claim("00-start-here", "move it above and A's late write lands on B's work", expired_but_alive, a_overwrites_b_inv1, **U),
-    claim("00-start-here", "The `protected` button sends every write through a fence.", expired_but_alive, a_write_refused_with_7, **P),
-    # 01
-    claim("01-expired-but-alive", "A acquires at t = 0 (generation 7)", expired_but_alive, a7_then_b8_at_10, **U, pause=30, ttl=10),
-    claim("01-expired-but-alive", "At t = 30 A resumes and writes INV-1 from its old read: B's INV-1 is replaced", expired_but_alive, a_overwrites_b_inv1, **U, pause=30, ttl=10),
-    claim("01-expired-but-alive", "INV-1 carries generation 7 although generation 8 had already completed the run.", expired_but_alive, inv1_ends_with_7, **U, pause=30, ttl=10),
-    claim("01-expired-but-alive", "The only hint A ever gets is the refused release *after* its write", expired_but_alive, a_release_refused_after_its_write, **U, pause=30, ttl=10),
-    claim("01-expired-but-alive", "here 8 once B has written, and refuses A's 7", expired_but_alive, a_write_refused_with_7, **P, pause=30, ttl=10),
-    # 02
-    claim("02-fencing-tokens", "With a 15 s stop, B's renewal at t=17 succeeds", lock_wait, b_renews_at_17_and_a_is_refused, **P, hold=15, ttl=10),
-    claim("02-fencing-tokens", "Its renewal is refused, so B stops: it writes nothing", lock_wait, b_refused_at_32_and_stops, **P, hold=30, ttl=10),
-    claim("02-fencing-tokens", "A's INV-1 stands, and that is safe", lock_wait, a_inv1_stands, **P, hold=30, ttl=10),
-    claim("02-fencing-tokens", "B writes 12 s after its own lease ended", lock_wait, b_writes_12s_after_its_lease, **U, hold=30, ttl=10),
-    claim("02-fencing-tokens", "A's write lands in the gap", raise_then_read, a_lands_in_b_gap, **U, gap=5, pause=12),
-    claim("02-fencing-tokens", "A's write bounces, and what B reads", raise_then_read, a_write_refused_with_7, **P, gap=5, pause=12),
-    claim("02-fencing-tokens", "passes the fence and bills the order a second time", same_generation_duplicate, b_bills_order_twice, **U, repeats=2),
-    claim("02-fencing-tokens", "the repeat finds the key and returns the first result", same_generation_duplicate, b_bills_order_once, **P, repeats=2),
-    # 03
-    claim("03-dangerous-variants", "A's write replaced B's invoice **and moved the fence back** to 7", check_then_act, a_moves_fence_back, **U, gap=5, ttl=10),
-    claim("03-dangerous-variants", "whose conditional `UPDATE` is the check and the write", check_then_act, a_write_refused_with_7, **P, gap=5, ttl=10),
-    claim("03-dangerous-variants", "The fence says 8 and INV-1 says 7.", split_databases, fence_8_but_inv1_7, **U, pause=30, ttl=10),
-    claim("03-dangerous-variants", "raises the fence after A's commit, and reads A's invoice before replacing it", split_databases, b_reads_a_then_replaces, **P, pause=15, ttl=10),
-    claim("03-dangerous-variants", "INV-2 directly, and that write lands on B's run", bypass_writer, a_export_lands_on_inv2, **U, pause=30, ttl=10),
-    # 04
-    claim("04-who-issues-the-numbers", "Two holders at once, both with 7", issuer_failover, two_holders_with_7, **U, lag=5, failover_at=2),
-    claim("04-who-issues-the-numbers", "the restore brings back 6, and B is handed 7 again", backup_restore, b_handed_7_again, **U, issued_after_backup=1),
-    claim("04-who-issues-the-numbers", "A's old 7 bounces off the new epoch", issuer_failover, a_late_write_refused, **P, lag=5, failover_at=2),
-    claim("04-who-issues-the-numbers", "A's old 7 bounces off the new epoch", backup_restore, a_late_write_refused, **P, issued_after_backup=1),
-    # 05
-    claim("05-late-renewal", "A's markers keep coming after that tick", late_renewal, a_writes_after_authority_tick, **U),
-    claim("05-late-renewal", "A's writes now stop before the authority's tick, and B's run is untouched.", late_renewal, a_stops_before_tick, **P),
-    claim("05-late-renewal", "A also sits idle from t=9 to t=13.", late_renewal, a_idle_9_to_13, **P),
-    # 06
-    claim("06-lease-hygiene", "B's last write is refused by the fence (C raised it to 9)", late_release, a_release_deletes_b_lease, **U),
-    claim("06-lease-hygiene", "A's late `DELETE` matches nothing and is refused", late_release, a_release_refused, **P),
-    claim("06-lease-hygiene", "Unfenced, A's write lands on B's run", version_wait, a_lands_on_b_after_pause, **U),
-    claim("06-lease-hygiene", "with writes through the fence, A's 7 bounces off 8.", version_wait, a_write_refused_with_7, **P),
-    claim("06-lease-hygiene", "The naive W treats that as its turn", stale_watch, w_acts_on_replayed_notice, **U),
-    claim("06-lease-hygiene", "joins again at the back and waits", stale_watch, w_writes_nothing_stale, **P),
-    # 07
-    claim("07-recovery", "c1 was billed twice: once by A before it stalled", crash_after_fence, c1_billed_twice, **U),
-    claim("07-recovery", "leaves nothing for the retry to repeat", crash_after_fence, each_customer_once, **P),
-    # 08
-    claim("08-transfer-file-and-email", "sent two emails, and the second one announces A's stale report", email_transfer, two_emails, **U),
-    claim("08-transfer-file-and-email", "sends again with the same key and the provider recognises it", email_transfer, one_email_with_replay, **P),
-    # 09: the review's side-by-side pictures
-    claim("09-review", "only the\nfence, which orders generations, stops it", expired_but_alive, a_overwrites_b_inv1, **U),
-    claim("09-review", "only the\nfence, which orders generations, stops it", expired_but_alive, a_write_refused_with_7, **P),
-    claim("09-review", "only the operation key stops the repeat", same_generation_duplicate, b_bills_order_twice, **U),
-    claim("09-review", "only the operation key stops the repeat", same_generation_duplicate, b_bills_order_once, **P),
+    # 00-start-here
+    claim('00-start-here', "move it above and A's late write lands on B's work",
+          expired_but_alive, a_overwrites_b_inv1, **U),
+    claim('00-start-here', 'The `protected` button sends every write through a fence.',
+          expired_but_alive, a_write_refused_with_7, **P),
+    # 01-expired-but-alive
+    claim('01-expired-but-alive', 'A acquires at t = 0 (generation 7)',
+          expired_but_alive, a7_then_b8_at_10, **U, pause=30, ttl=10),
+    claim('01-expired-but-alive', "At t = 30 A resumes and writes INV-1 from its old read: B's INV-1 is replaced",
+          expired_but_alive, a_overwrites_b_inv1, **U, pause=30, ttl=10),
+    claim('01-expired-but-alive', 'INV-1 carries generation 7 although generation 8 had already completed the run.',
+          expired_but_alive, inv1_ends_with_7, **U, pause=30, ttl=10),
+    claim('01-expired-but-alive', 'The only hint A ever gets is the refused release *after* its write',
+          expired_but_alive, a_release_refused_after_its_write, **U, pause=30, ttl=10),
+    claim('01-expired-but-alive', "here 8 once B has written, and refuses A's 7",
+          expired_but_alive, a_write_refused_with_7, **P, pause=30, ttl=10),
+    # 02-fencing-tokens
+    claim('02-fencing-tokens', "With a 15 s stop, B's renewal at t=17 succeeds",
+          lock_wait, b_renews_at_17_and_a_is_refused, **P, hold=15, ttl=10),
+    claim('02-fencing-tokens', 'Its renewal is refused, so B stops: it writes nothing',
+          lock_wait, b_refused_at_32_and_stops, **P, hold=30, ttl=10),
+    claim('02-fencing-tokens', "A's INV-1 stands, and that is safe",
+          lock_wait, a_inv1_stands, **P, hold=30, ttl=10),
+    claim('02-fencing-tokens', 'B writes 12 s after its own lease ended',
+          lock_wait, b_writes_12s_after_its_lease, **U, hold=30, ttl=10),
+    claim('02-fencing-tokens', "A's second write lands on B's run",
+          lock_wait, a_inv2_unseen_by_b, **U, hold=30, ttl=10),
+    claim('02-fencing-tokens', "A's write lands in the gap",
+          raise_then_read, a_lands_in_b_gap, **U, gap=5, pause=12),
+    claim('02-fencing-tokens', "A's write bounces, and what B reads",
+          raise_then_read, a_write_refused_with_7, **P, gap=5, pause=12),
+    claim('02-fencing-tokens', 'passes the fence and bills the order a second time',
+          same_generation_duplicate, b_bills_order_twice, **U, repeats=2),
+    claim('02-fencing-tokens', 'the repeat finds the key and returns the first result',
+          same_generation_duplicate, b_bills_order_once, **P, repeats=2),
+    # 03-dangerous-variants
+    claim('03-dangerous-variants', "A's write replaced B's invoice **and moved the fence back** to 7",
+          check_then_act, a_moves_fence_back, **U, gap=5, ttl=10),
+    claim('03-dangerous-variants', 'whose conditional `UPDATE` is the check and the write',
+          check_then_act, a_write_refused_with_7, **P, gap=5, ttl=10),
+    claim('03-dangerous-variants', 'The fence says 8 and INV-1 says 7.',
+          split_databases, fence_8_but_inv1_7, **U, pause=30, ttl=10),
+    claim('03-dangerous-variants', "raises the fence after A's commit, and reads A's invoice before replacing it",
+          split_databases, b_reads_a_then_replaces, **P, pause=15, ttl=10),
+    claim('03-dangerous-variants', "INV-2 directly, and that write lands on B's run",
+          bypass_writer, a_export_lands_on_inv2, **U, pause=30, ttl=10),
+    # 04-who-issues-the-numbers
+    claim('04-who-issues-the-numbers', 'Two holders at once, both with 7',
+          issuer_failover, two_holders_with_7, **U, lag=5, failover_at=2),
+    claim('04-who-issues-the-numbers', 'the restore brings back 6, and B is handed 7 again',
+          backup_restore, b_handed_7_again, **U, issued_after_backup=1),
+    claim('04-who-issues-the-numbers', "A's old 7 bounces off the new epoch",
+          issuer_failover, a_late_write_refused, **P, lag=5, failover_at=2),
+    claim('04-who-issues-the-numbers', "A's old 7 bounces off the new epoch",
+          backup_restore, a_late_write_refused, **P, issued_after_backup=1),
+    # 05-late-renewal
+    claim('05-late-renewal', "A's markers keep coming after that tick",
+          late_renewal, a_writes_after_authority_tick, **U),
+    claim('05-late-renewal', 'so B replaced them without ever seeing them',
+          late_renewal, b_replaces_a_unseen, **U),
+    claim('05-late-renewal', "A's writes now stop before the authority's tick, and B's run is untouched.",
+          late_renewal, a_stops_before_tick, **P),
+    claim('05-late-renewal', 'A also sits idle from t=9 to t=13.',
+          late_renewal, a_idle_9_to_13, **P),
+    # 06-lease-hygiene
+    claim('06-lease-hygiene', "B's last write is refused by the fence (C raised it to 9)",
+          late_release, a_release_deletes_b_lease, **U),
+    claim('06-lease-hygiene', "A's late `DELETE` matches nothing and is refused",
+          late_release, a_release_refused, **P),
+    claim('06-lease-hygiene', "Unfenced, A's write lands on B's run",
+          version_wait, a_lands_on_b_after_pause, **U),
+    claim('06-lease-hygiene', "with writes through the fence, A's 7 bounces off 8.",
+          version_wait, a_write_refused_with_7, **P),
+    claim('06-lease-hygiene', 'The naive W treats that as its turn',
+          stale_watch, w_acts_on_replayed_notice, **U),
+    claim('06-lease-hygiene', 'joins again at the back and waits',
+          stale_watch, w_writes_nothing_stale, **P),
+    # 07-recovery
+    claim('07-recovery', 'c1 was billed twice: once by A before it stalled',
+          crash_after_fence, c1_billed_twice, **U),
+    claim('07-recovery', 'leaves nothing for the retry to repeat',
+          crash_after_fence, each_customer_once, **P),
+    # 08-transfer-file-and-email
+    claim('08-transfer-file-and-email', "sent two emails, and the second one announces A's stale report",
+          email_transfer, two_emails, **U),
+    claim('08-transfer-file-and-email', 'sends again with the same key and the provider recognises it',
+          email_transfer, one_email_with_replay, **P),
+    # 09-review
+    claim('09-review', 'only the\nfence, which orders generations, stops it',
+          expired_but_alive, a_overwrites_b_inv1, **U),
+    claim('09-review', 'only the\nfence, which orders generations, stops it',
+          expired_but_alive, a_write_refused_with_7, **P),
+    claim('09-review', 'only the operation key stops the repeat',
+          same_generation_duplicate, b_bills_order_twice, **U),
+    claim('09-review', 'only the operation key stops the repeat',
+          same_generation_duplicate, b_bills_order_once, **P),
 ]
+# fmt: on

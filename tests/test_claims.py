@@ -6,15 +6,22 @@ import os
 import re
 
 import pytest
-
 from claims import (
     CLAIMS,
     a_overwrites_b_inv1,
     b_bills_order_twice,
     b_refused_at_32_and_stops,
+    b_replaces_a_unseen,
     two_emails,
 )
-from labkit.scenarios import email_transfer, expired_but_alive, lock_wait, same_generation_duplicate
+
+from labkit.scenarios import (
+    email_transfer,
+    expired_but_alive,
+    late_renewal,
+    lock_wait,
+    same_generation_duplicate,
+)
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LESSONS = [f"{n:02d}" for n in range(10)]
@@ -39,7 +46,9 @@ def run(call, knobs):
 
 def cell_of(c) -> str:
     found = [cid for cid, text in markdown(c.notebook).items() if plain(c.sentence) in text]
-    assert len(found) == 1, f"{c.notebook}: {c.sentence!r} is in {len(found)} markdown cells, not one"
+    assert len(found) == 1, (
+        f"{c.notebook}: {c.sentence!r} is in {len(found)} markdown cells, not one"
+    )
     return found[0]
 
 
@@ -47,7 +56,9 @@ def test_every_lesson_has_claims():
     assert {c.notebook[:2] for c in CLAIMS} == set(LESSONS)
 
 
-@pytest.mark.parametrize("c", CLAIMS, ids=lambda c: f"{c.notebook[:2]}-{c.holds.__name__}-{c.knobs.get('protected')}")
+@pytest.mark.parametrize(
+    "c", CLAIMS, ids=lambda c: f"{c.notebook[:2]}-{c.holds.__name__}-{c.knobs.get('protected')}"
+)
 def test_claim_holds(c):
     cell = cell_of(c)
     result = run(c.call, tuple(sorted(c.knobs.items())))
@@ -63,4 +74,5 @@ def test_the_checks_can_fail():
     assert not a_overwrites_b_inv1(expired_but_alive(protected=False, pause=5).history)
     assert not b_bills_order_twice(same_generation_duplicate(protected=True, repeats=2).history)
     assert not b_refused_at_32_and_stops(lock_wait(protected=True, hold=15, ttl=10).history)
+    assert not b_replaces_a_unseen(late_renewal(protected=True).history)
     assert not two_emails(email_transfer(protected=True).history)
