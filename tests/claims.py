@@ -318,6 +318,38 @@ def b_replaces_a_unseen(h):
     )
 
 
+def a_passes_level_with_b(h):
+    """A's late INV-2 commits after B's, carrying the very generation B wrote it with."""
+    a, b = find(h, "A", "write", "ok", "INV-2"), find(h, "B", "write", "ok", "INV-2")
+    return (
+        bool(a and b)
+        and a[-1].time > b[-1].time
+        and a[-1].generation == b[-1].generation
+        and last_write(h, "INV-2").worker == "A"
+    )
+
+
+def b_gets_a_number_again(h):
+    """B is granted A's own generation, and A's late write passes level with B's."""
+    return grant(h, "B").generation == grant(h, "A").generation and a_passes_level_with_b(h)
+
+
+def c_takes_over_at_b_expiry(h):
+    """B (8) crashes; C is granted 9 exactly when B's lease ends."""
+    b, c = grant(h, "B"), grant(h, "C")
+    return (
+        bool(find(h, "B", "crash")) and (b.generation, c.generation) == (8, 9) and c.time == b.until
+    )
+
+
+def file_holds_b_report(h):
+    """The last committed report.txt is B's with 8; A's write of it is refused."""
+    last = last_write(h, "report.txt")
+    return (last.worker, last.generation) == ("B", 8) and bool(
+        find(h, "A", "write", "rejected", "report.txt")
+    )
+
+
 @dataclass(frozen=True)
 class Claim:
     """A sentence of a lesson, the run it describes and the check on that run's events."""
@@ -396,6 +428,10 @@ CLAIMS = [
           issuer_failover, a_late_write_refused, **P, lag=5, failover_at=2),
     claim('04-who-issues-the-numbers', "A's old 7 bounces off the new epoch",
           backup_restore, a_late_write_refused, **P, issued_after_backup=1),
+    claim('04-who-issues-the-numbers', "its write passes the fence level with B's and B's invoice is lost",
+          issuer_failover, a_passes_level_with_b, **U, lag=5, failover_at=2),
+    claim('04-who-issues-the-numbers', "or, worse, exactly A's number again, which the fence lets through",
+          backup_restore, b_gets_a_number_again, **U, issued_after_backup=3, bump=2),
     # 05-late-renewal
     claim('05-late-renewal', "A's markers keep coming after that tick",
           late_renewal, a_writes_after_authority_tick, **U),
@@ -418,16 +454,22 @@ CLAIMS = [
           stale_watch, w_acts_on_replayed_notice, **U),
     claim('06-lease-hygiene', 'joins again at the back and waits',
           stale_watch, w_writes_nothing_stale, **P),
+    claim('06-lease-hygiene', "C (`host-2`) walks in while B is still working",
+          late_release, a_release_deletes_b_lease, **U),
     # 07-recovery
     claim('07-recovery', 'c1 was billed twice: once by A before it stalled',
           crash_after_fence, c1_billed_twice, **U),
     claim('07-recovery', 'leaves nothing for the retry to repeat',
           crash_after_fence, each_customer_once, **P),
+    claim('07-recovery', "C (9) takes over once B's lease lapses",
+          crash_after_fence, c_takes_over_at_b_expiry, **U),
     # 08-transfer-file-and-email
     claim('08-transfer-file-and-email', "sent two emails, and the second one announces A's stale report",
           email_transfer, two_emails, **U),
     claim('08-transfer-file-and-email', 'sends again with the same key and the provider recognises it',
           email_transfer, one_email_with_replay, **P),
+    claim('08-transfer-file-and-email', "The file holds B's report (generation 8): the fence refused A's write.",
+          email_transfer, file_holds_b_report, **U),
     # 09-review
     claim('09-review', 'only the\nfence, which orders generations, stops it',
           expired_but_alive, a_overwrites_b_inv1, **U),

@@ -1,5 +1,6 @@
 """Every sentence a lesson says about a drawn run is checked on that run (tests/claims.py)."""
 
+import dataclasses
 import functools
 import json
 import os
@@ -9,6 +10,7 @@ import pytest
 from claims import (
     CLAIMS,
     a_overwrites_b_inv1,
+    a_write_refused_with_7,
     b_bills_order_twice,
     b_refused_at_32_and_stops,
     b_replaces_a_unseen,
@@ -76,3 +78,12 @@ def test_the_checks_can_fail():
     assert not b_refused_at_32_and_stops(lock_wait(protected=True, hold=15, ttl=10).history)
     assert not b_replaces_a_unseen(late_renewal(protected=True).history)
     assert not two_emails(email_transfer(protected=True).history)
+
+
+def test_an_edited_sentence_loses_its_claim_loudly():
+    """A claim whose sentence no longer appears in its lesson fails, naming the notebook."""
+    first = CLAIMS[0]
+    edited = dataclasses.replace(first, sentence=first.sentence + " (edited)")
+    with pytest.raises(AssertionError, match=first.notebook):
+        cell_of(edited)
+    assert not a_write_refused_with_7(expired_but_alive(protected=False).history)
