@@ -398,7 +398,7 @@ CLAIMS = [
           lock_wait, a_inv1_stands, **P, hold=30, ttl=10),
     claim('02-fencing-tokens', 'B writes 12 s after its own lease ended',
           lock_wait, b_writes_12s_after_its_lease, **U, hold=30, ttl=10),
-    claim('02-fencing-tokens', "A's second write lands on B's run",
+    claim('02-fencing-tokens', "A's second write lands after B has read INV-2, B replaces it without having seen it",
           lock_wait, a_inv2_unseen_by_b, **U, hold=30, ttl=10),
     claim('02-fencing-tokens', "A's write lands in the gap",
           raise_then_read, a_lands_in_b_gap, **U, gap=5, pause=12),
