@@ -100,16 +100,16 @@ def run(server_url: str, url: str, args, protected: bool) -> dict:
 #: a log of ``n`` events of 30 students, ``step`` s apart, ending now (acquire, write, renew,
 #: write, release, five refused acquires per lease; every 13th lease's second write refused)
 SYNTHETIC = """INSERT INTO labkit.events (at, student, action, outcome, generation, until)
-SELECT clock_timestamp() - make_interval(secs => (%(n)s - i) * %(step)s),
-    (%(names)s::text[])[((i / 10) * 7) %% cardinality(%(names)s::text[]) + 1],
+SELECT clock_timestamp() - make_interval(secs => ($1 - i) * $2),
+    ($3::text[])[((i / 10) * 7) % cardinality($3::text[]) + 1],
     (ARRAY['acquire', 'write', 'renew', 'write', 'release', 'acquire', 'acquire', 'acquire',
-           'acquire', 'acquire'])[i %% 10 + 1],
-    CASE WHEN i %% 10 >= 5 THEN 'held' WHEN i %% 10 = 3 AND (i / 10) %% 13 = 0 THEN 'rejected'
+           'acquire', 'acquire'])[i % 10 + 1],
+    CASE WHEN i % 10 >= 5 THEN 'held' WHEN i % 10 = 3 AND (i / 10) % 13 = 0 THEN 'rejected'
          ELSE 'ok' END,
-    CASE WHEN i %% 10 < 5 THEN %(first)s + i / 10 END,
-    CASE WHEN i %% 10 IN (0, 2) THEN clock_timestamp()
-        - make_interval(secs => (%(n)s - i) * %(step)s) + interval '0.5 s' END
-FROM generate_series(1, %(n)s) AS i"""
+    CASE WHEN i % 10 < 5 THEN $4 + i / 10 END,
+    CASE WHEN i % 10 IN (0, 2) THEN clock_timestamp()
+        - make_interval(secs => ($1 - i) * $2) + interval '0.5 s' END
+FROM generate_series(1, $1) AS i"""
 
 
 def view_figures(server_url: str, url: str, students: int) -> list[tuple]:
@@ -122,14 +122,14 @@ def view_figures(server_url: str, url: str, students: int) -> list[tuple]:
     figures = []
     for n in (10_000, 100_000):  # 1.3 ms apart: 100,000 events are about 130 s of a room
         room.conn.execute("TRUNCATE labkit.events")
-        room.conn.execute(SYNTHETIC, {"n": n, "step": 0.0013, "names": names, "first": 0})
+        room.conn.execute(SYNTHETIC, [n, 0.0013, names, 0])  # $1..$4
         began = time.perf_counter()
         view, picture = View(room), Picture()
         png(picture.show(view.update()).ax)
         cold = time.perf_counter() - began
         warm = []
         for k in range(5):  # 300 new events before each redraw: about 0.4 s of a busy room
-            params = {"n": 300, "step": 0.0013, "names": names, "first": n + 300 * k}
+            params = [300, 0.0013, names, n + 300 * k]
             room.conn.execute(SYNTHETIC, params)
             began = time.perf_counter()
             png(picture.show(view.update()).ax)

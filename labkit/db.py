@@ -5,14 +5,17 @@ Python never opens a transaction behind our back. A write that matters runs insi
 :func:`transaction`: ``BEGIN IMMEDIATE`` (taking the write lock up front, so two writers never
 both read and then collide), then ``COMMIT`` if the block finishes or ``ROLLBACK`` if it raises.
 :func:`execute` binds all values and fetches every row, so no ``RETURNING`` cursor is open at
-``COMMIT``. Whether an operation won is the row count of one conditional statement. Driver
-errors become labkit errors here, or in an engine's handle.
+``COMMIT``; its placeholders are ``$1, $2, ...``, PostgreSQL's own and parameters named 1, 2,
+... to SQLite, so no engine rewrites a statement (SQLite's ``?`` works here too). Whether an
+operation won is the row count of one conditional statement. Driver errors become labkit
+errors here, or in an engine's handle.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sqlite3
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
@@ -48,7 +51,7 @@ def connect(path: str = ":memory:", *, busy_timeout_ms: int = 5000) -> sqlite_ut
 
     A writer waits ``busy_timeout_ms`` for the lock, then raises Busy; ``file:...`` is a URI.
 
-    >>> execute(connect(), "SELECT ? + 1", (41,))
+    >>> execute(connect(), "SELECT $1 + 1", (41,))
     [(42,)]
     """
     path = check_name(os.fspath(path) if isinstance(path, os.PathLike) else path, "path")
@@ -118,12 +121,23 @@ def _run(db, sql: str, params: Any) -> tuple[list[tuple], int]:
     if not isinstance(sql, str):
         raise BadArgumentType("sql", f"must be a str, got {type(sql).__name__}")
     try:
+        if isinstance(params, (list, tuple)) and "$" in sql:
+            params = _by_number(sql, params, isinstance(conn, Engine))
         with contextlib.closing(conn.execute(sql, params)) as cursor:
             return cursor.fetchall(), cursor.rowcount
     except OverflowError as exc:
         raise BadArgument("params", f"{exc} (SQLite integers are below 2**63)") from None
     except sqlite3.Error as exc:
         raise _translate(exc, conn, params) from exc
+
+
+def _by_number(sql: str, params: list | tuple, engine: bool) -> Any:
+    """``params`` for ``sql``'s ``$1, $2, ...``, one value each: by position (an engine) or by
+    SQLite's names for them ("1", "2", ...); as given if ``sql`` has none."""
+    most = max(map(int, re.findall(r"\$(\d+)", sql)), default=0)
+    if most and len(params) != most:
+        raise BadArgument("params", f"{len(params)} values for the placeholders $1..${most}")
+    return params if engine or not most else {str(i): value for i, value in enumerate(params, 1)}
 
 
 def _translate(exc: sqlite3.Error, conn: sqlite3.Connection, params: Any = ()) -> LabkitError:
@@ -161,9 +175,9 @@ def _refusal(text: str, conn: sqlite3.Connection, params: Any) -> LabkitError:
         return BadArgument("generation", "is above every one this database's leases issued")
     named = params if isinstance(params, Mapping) else {}  # values bound by position tell nothing
     job, current = named.get("job_id", named.get("job")), None
-    sql = "SELECT epoch, generation FROM job_fence WHERE job_id = ?"
+    sql = "SELECT epoch, generation FROM job_fence WHERE job_id = $1"
     with contextlib.suppress(sqlite3.Error):
-        if isinstance(job, str) and (row := conn.execute(sql, (job,)).fetchone()):
+        if isinstance(job, str) and (row := conn.execute(sql, {"1": job}).fetchone()):
             current = row[1] if row[0] == 0 else tuple(row)
     return StaleGeneration(named.get("generation"), current, job)
 
@@ -207,5 +221,5 @@ def ensure(db, probe: str, probe_params: Any, statement: str, params: Any = ()) 
 
 def ensure_schema(db, table: str, ddl: str) -> bool:
     """Create ``table`` with the statement ``ddl`` unless it exists (see :func:`ensure`)."""
-    sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+    sql = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = $1"
     return ensure(db, sql, (check_name(table, "table"),), ddl)

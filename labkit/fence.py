@@ -41,26 +41,26 @@ class Fence:
 
     def __init__(self, db, job: str) -> None:
         self.db, self.job = db, check_name(job, "job")
-        sql = "INSERT INTO job_fence VALUES (?, 0, 0) ON CONFLICT DO NOTHING"  # a racer won
-        ensure(db, "SELECT 1 FROM job_fence WHERE job_id = ?", (self.job,), sql, (self.job,))
+        sql = "INSERT INTO job_fence VALUES ($1, 0, 0) ON CONFLICT DO NOTHING"  # a racer won
+        ensure(db, "SELECT 1 FROM job_fence WHERE job_id = $1", (self.job,), sql, (self.job,))
 
     @contextlib.contextmanager
     def guard(self, generation) -> Iterator[Tx]:
         """Raise the fence to ``generation`` or refuse; the block's writes commit with it or not."""
         epoch, counter = token(generation)
         with transaction(self.db) as conn:
-            sql = """UPDATE job_fence SET epoch = :epoch, generation = :generation
-                WHERE job_id = :job AND (epoch, generation) <= (:epoch, :generation)
-                RETURNING epoch, generation"""
-            params = {"epoch": epoch, "generation": counter, "job": self.job}
-            if not execute(conn, sql, params):  # no row back: the fence is above this token
+            sql = """UPDATE job_fence SET epoch = $1, generation = $2
+                WHERE job_id = $3 AND (epoch, generation) <= ($1, $2) RETURNING epoch, generation"""
+            if not execute(
+                conn, sql, (epoch, counter, self.job)
+            ):  # no row back: the fence is above this token
                 raise StaleGeneration(show((epoch, counter)), self.current(), self.job)
             with _Block() as block:
                 yield Tx(conn, (epoch, counter), self.job, block)  # the effect, in this transaction
 
     def current(self) -> int | tuple[int, int]:
         """Return the highest token accepted (an int while the epoch is 0); a lost row raises."""
-        sql = "SELECT epoch, generation FROM job_fence WHERE job_id = ?"
+        sql = "SELECT epoch, generation FROM job_fence WHERE job_id = $1"
         if not (rows := execute(self.db, sql, (self.job,))):
             raise LabkitError(f"the fence row of {self.job!r} is gone: it must never be reset")
         return show(rows[0])
@@ -79,9 +79,9 @@ class Fence:
             raise BadArgument("table", f"{table!r} is one of labkit's own tables")
         if isinstance(engine := check_db(self.db), Engine):  # PostgreSQL: PL/pgSQL triggers
             return engine.protect(table, column)
-        sql = """SELECT lower(name) FROM pragma_table_info(:t) WHERE EXISTS (
-            SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = :t COLLATE NOCASE)"""
-        if not (columns := {name for (name,) in execute(self.db, sql, {"t": table})}):
+        sql = """SELECT lower(name) FROM pragma_table_info($1) WHERE EXISTS (
+            SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = $1 COLLATE NOCASE)"""
+        if not (columns := {name for (name,) in execute(self.db, sql, (table,))}):
             raise BadArgument("table", f"there is no table named {table!r}")
         if "job_id" not in columns:
             raise BadArgument("table", f"{table!r} has no job_id column, the fenced job of a row")

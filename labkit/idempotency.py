@@ -57,7 +57,7 @@ def run_once(db_or_tx, key: str, effect: Callable[[Tx], Any], *, payload: Any = 
     tx, conn = db_or_tx, db_or_tx.conn
     execute(conn, "SAVEPOINT run_once")
     try:
-        sql = "INSERT INTO idempotency_keys VALUES (?, ?, NULL) ON CONFLICT(key) DO NOTHING"
+        sql = "INSERT INTO idempotency_keys VALUES ($1, $2, NULL) ON CONFLICT(key) DO NOTHING"
         if rowcount(conn, sql, (key, offered)) == 1:  # the key is ours: run the effect
             try:
                 result = effect(tx)
@@ -68,10 +68,10 @@ def run_once(db_or_tx, key: str, effect: Callable[[Tx], Any], *, payload: Any = 
             if broken := _broken(conn, key):
                 raise broken
             result_json = canonical(result, "effect")
-            sql = "UPDATE idempotency_keys SET result = ? WHERE key = ?"
+            sql = "UPDATE idempotency_keys SET result = $1 WHERE key = $2"
             execute(conn, sql, (result_json, key))
         else:  # seen before: return what was stored
-            sql = "SELECT payload, result FROM idempotency_keys WHERE key = ?"
+            sql = "SELECT payload, result FROM idempotency_keys WHERE key = $1"
             [(stored, result_json)] = execute(conn, sql, (key,))
             if stored != offered:
                 raise KeyReused(key, stored, offered)
@@ -93,7 +93,7 @@ def _broken(conn, key: str) -> KeyNotRecorded | None:
     """After the effect: None if run_once's transaction and key row are intact, else the error."""
     if not in_transaction(conn):
         return _abandon(conn, key)
-    sql = "SELECT 1 FROM idempotency_keys WHERE key = ? AND result IS NULL"
+    sql = "SELECT 1 FROM idempotency_keys WHERE key = $1 AND result IS NULL"
     return None if execute(conn, sql, (key,)) else KeyNotRecorded(key, UNDONE)
 
 

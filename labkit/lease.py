@@ -59,17 +59,17 @@ class LeaseAuthority:
         ttl = check_number(ttl, "ttl", positive=True)
         with transaction(self.db):
             expires_at = _expiry(now := read_clock(self.clock), ttl, "ttl")
-            sql = """INSERT INTO lease_counter VALUES (?, 0)
+            sql = """INSERT INTO lease_counter VALUES ($1, 0)
                 ON CONFLICT(name) DO UPDATE SET generation = lease_counter.generation"""
             execute(self.db, sql, (name,))  # the counter row: made if missing, locked till COMMIT
-            sql = """UPDATE lease_counter SET generation = generation + 1 WHERE name = :name
-                AND NOT EXISTS (SELECT 1 FROM leases WHERE name = :name AND expires_at > :now)
+            sql = """UPDATE lease_counter SET generation = generation + 1 WHERE name = $1
+                AND NOT EXISTS (SELECT 1 FROM leases WHERE name = $1 AND expires_at > $2)
                 RETURNING generation"""
-            won = execute(self.db, sql, {"name": name, "now": now})
+            won = execute(self.db, sql, (name, now))
             if not won:
                 return None
             lease = Lease(name, owner, won[0][0], expires_at, ttl)
-            sql = """INSERT INTO leases VALUES (?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET
+            sql = """INSERT INTO leases VALUES ($1, $2, $3, $4, $5) ON CONFLICT(name) DO UPDATE SET
                 owner = excluded.owner, generation = excluded.generation,
                 expires_at = excluded.expires_at, ttl = excluded.ttl"""
             execute(self.db, sql, (name, owner, lease.generation, expires_at, ttl))
@@ -87,11 +87,11 @@ class LeaseAuthority:
         """Return ``lease`` extended to now + ``lease.ttl``, or raise LeaseLost."""
         lease = _check_lease(lease)
         with transaction(self.db):
-            sql = "UPDATE lease_counter SET generation = generation WHERE name = ?"  # the lock
+            sql = "UPDATE lease_counter SET generation = generation WHERE name = $1"  # the lock
             execute(self.db, sql, (lease.name,))
             expires_at = _expiry(now := read_clock(self.clock), lease.ttl, "lease")
-            sql = """UPDATE leases SET expires_at = ?
-                WHERE name = ? AND owner = ? AND generation = ? AND expires_at > ?"""
+            sql = """UPDATE leases SET expires_at = $1
+                WHERE name = $2 AND owner = $3 AND generation = $4 AND expires_at > $5"""
             params = (expires_at, lease.name, lease.owner, lease.generation, now)
             changed = rowcount(self.db, sql, params)
         if changed != 1:
@@ -102,14 +102,14 @@ class LeaseAuthority:
         """Delete ``lease`` if owner and generation still match, else raise LeaseLost."""
         lease = _check_lease(lease)
         with transaction(self.db):
-            sql = "DELETE FROM leases WHERE name = ? AND owner = ? AND generation = ?"
+            sql = "DELETE FROM leases WHERE name = $1 AND owner = $2 AND generation = $3"
             changed = rowcount(self.db, sql, (lease.name, lease.owner, lease.generation))
         if changed != 1:
             raise LeaseLost(lease.name, lease.owner, lease.generation)
 
     def current(self, name: str) -> Lease | None:
         """Return the unexpired lease on ``name``, or None. A read: it never blocks."""
-        sql = "SELECT * FROM leases WHERE name = ? AND expires_at > ?"
+        sql = "SELECT * FROM leases WHERE name = $1 AND expires_at > $2"
         rows = execute(self.db, sql, (check_name(name, "name"), read_clock(self.clock)))
         return Lease(*rows[0]) if rows else None
 

@@ -88,18 +88,18 @@ def reopen(target):
 
 @pytest.fixture
 def bare(engine, target, request):
-    """A writer who never heard of labkit: ``bare(sql, params)`` on the driver itself (``?``
-    placeholders), autocommit; ``bare.Error`` is the driver's error class."""
+    """A writer who never heard of labkit: ``bare(sql, params)`` on the driver itself (``$1``
+    placeholders, bound by position: psycopg's raw cursor, or SQLite's names 1, 2, ...),
+    autocommit; ``bare.Error`` is the driver's error class."""
     if engine == "postgres":
         import psycopg
 
-        from labkit.engines.postgres_db import translate
-        conn = psycopg.connect(target, autocommit=True)
-        run = lambda sql, params=(): conn.execute(translate(sql), params)  # noqa: E731
-        error = psycopg.Error
+        conn = psycopg.connect(target, autocommit=True, cursor_factory=psycopg.RawCursor)
+        run, error = conn.execute, psycopg.Error
     else:
         conn = sqlite3.connect(target, isolation_level=None, check_same_thread=False)
-        run, error = conn.execute, sqlite3.Error
+        run = lambda sql, params=(): conn.execute(sql, {str(i): v for i, v in enumerate(params, 1)})  # noqa: E731
+        error = sqlite3.Error
     writer = type("Bare", (), {"__call__": staticmethod(run), "Error": error, "conn": conn})()
     yield writer
     conn.close()

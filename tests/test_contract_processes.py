@@ -109,7 +109,7 @@ def test_a_holder_thawed_after_its_lease_expired_is_refused_only_by_the_fence(
     b = wait_for(lambda: leases.try_acquire("job", "B", ttl=30), "A's lease to expire")
     assert b.generation == 2
     with fence.guard(b.generation) as tx:
-        tx.execute("INSERT INTO invoices VALUES ('job', 'INV-1', 120, ?)", (b.generation,))
+        tx.execute("INSERT INTO invoices VALUES ('job', 'INV-1', 120, $1)", (b.generation,))
     a.signal(signal.SIGCONT)
     write = "tx.execute(\"UPDATE invoices SET amount = 100, generation = 1 WHERE invoice_id = 'INV-1'\")"
     if protected:

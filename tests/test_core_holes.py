@@ -37,14 +37,14 @@ def protected(db):
     fence = Fence(db, JOB)
     fence.protect("invoices")
     with fence.guard(8) as tx:
-        tx.execute("INSERT INTO invoices VALUES (?, 'INV-1', 120, 8)", (JOB,))
+        tx.execute("INSERT INTO invoices VALUES ($1, 'INV-1', 120, 8)", (JOB,))
     return fence
 
 
 def stale_insert_is_refused(route, db, bare):
     """A's INSERT at 7 after B's 8, on ``route``: refused, like every stale row."""
     with pytest.raises((StaleGeneration, bare.Error), match="stale generation"):
-        through(route, db, bare, "INSERT INTO invoices VALUES (?, 'INV-2', 100, 7)", (JOB,))
+        through(route, db, bare, "INSERT INTO invoices VALUES ($1, 'INV-2', 100, 7)", (JOB,))
 
 
 # --- Fence.protect ------------------------------------------------------------------------------
@@ -90,7 +90,7 @@ def test_a_temp_table_does_not_shadow_the_fence(protected, db, bare, dump):
     assert bare("SELECT generation FROM job_fence").fetchall() == [(0,)]  # the writer sees it
     before = dump()
     with pytest.raises(bare.Error, match="stale generation"):
-        bare("INSERT INTO invoices VALUES (?, 'INV-2', 100, 7)", (JOB,))
+        bare("INSERT INTO invoices VALUES ($1, 'INV-2', 100, 7)", (JOB,))
     assert dump() == before and protected.current() == 8
 
 
@@ -100,10 +100,10 @@ def test_a_multi_row_insert_with_any_stale_token_is_refused_whole(protected, db,
     before = dump()
     for route in ROUTES:
         with pytest.raises(refused(route, bare), match="stale generation"):
-            through(route, db, bare, "INSERT INTO invoices VALUES (?, 'INV-2', 1, 10), "
-                    "(?, 'INV-3', 1, 9)", (JOB, JOB))  # fmt: skip
+            through(route, db, bare, "INSERT INTO invoices VALUES ($1, 'INV-2', 1, 10), "
+                    "($2, 'INV-3', 1, 9)", (JOB, JOB))  # fmt: skip
         assert dump() == before and protected.current() == 8
-    through("bare", db, bare, "INSERT INTO invoices VALUES (?, 'INV-2', 1, 9), (?, 'INV-3', 1, 10)",
+    through("bare", db, bare, "INSERT INTO invoices VALUES ($1, 'INV-2', 1, 9), ($2, 'INV-3', 1, 10)",
             (JOB, JOB))  # rising: both rows land  # fmt: skip
     assert protected.current() == 10
 
@@ -116,14 +116,14 @@ def test_a_token_above_every_issued_one_is_refused(protected, db, bare, dump, ro
     issued token still passes, and a job without an authority here is not judged."""
     from labkit import LeaseAuthority, VirtualClock
 
-    execute(db, "INSERT INTO lease_counter VALUES (?, 8)", (JOB,))
+    execute(db, "INSERT INTO lease_counter VALUES ($1, 8)", (JOB,))
     before = dump()
     with pytest.raises(refused(route, bare), match="never issued|issued"):
-        through(route, db, bare, "INSERT INTO invoices VALUES (?, 'INV-2', 1, 999)", (JOB,))
+        through(route, db, bare, "INSERT INTO invoices VALUES ($1, 'INV-2', 1, 999)", (JOB,))
     assert dump() == before and protected.current() == 8
     leases = LeaseAuthority(db, VirtualClock())
     assert leases.acquire(JOB, "C", ttl=1).generation == 9
-    through(route, db, bare, "INSERT INTO invoices VALUES (?, 'INV-2', 1, 9)", (JOB,))
+    through(route, db, bare, "INSERT INTO invoices VALUES ($1, 'INV-2', 1, 9)", (JOB,))
     assert protected.current() == 9
     Fence(db, "elsewhere")
     through(route, db, bare, "INSERT INTO invoices VALUES ('elsewhere', 'INV-1', 1, 999)")
@@ -138,15 +138,15 @@ def test_an_epoch_fence_refuses_every_plain_token(protected, db, bare, dump, rou
         pass
     before = dump()
     with pytest.raises(refused(route, bare), match="stale generation"):
-        through(route, db, bare, "INSERT INTO invoices VALUES (?, 'INV-2', 1, ?)", (JOB, 10**12))
+        through(route, db, bare, "INSERT INTO invoices VALUES ($1, 'INV-2', 1, $2)", (JOB, 10**12))
     assert dump() == before and protected.current() == (1, 0)
 
 
 @pytest.mark.parametrize("route", ROUTES)
 def test_the_fence_still_goes_up_on_a_protected_database(protected, db, bare, route):
     """Raising the fence (by guard, by a row, by a bare UPDATE) stays allowed."""
-    through(route, db, bare, "UPDATE job_fence SET generation = 9 WHERE job_id = ?", (JOB,))
-    through(route, db, bare, "INSERT INTO invoices VALUES (?, 'INV-2', 1, 10)", (JOB,))
+    through(route, db, bare, "UPDATE job_fence SET generation = 9 WHERE job_id = $1", (JOB,))
+    through(route, db, bare, "INSERT INTO invoices VALUES ($1, 'INV-2', 1, 10)", (JOB,))
     assert protected.current() == 10
     with protected.guard((1, 0)):
         pass
@@ -167,7 +167,7 @@ def test_a_row_of_a_job_without_a_fence_row_is_refused_not_given_a_new_fence(pro
 @pytest.mark.parametrize("route", ROUTES)
 def test_insert_or_ignore_of_an_existing_key_leaves_the_fence_alone(protected, db, bare, route):
     """INSERT ... ON CONFLICT DO NOTHING of INV-1 at 9 writes no row, so it raises no fence either."""
-    through(route, db, bare, "INSERT INTO invoices VALUES (?, 'INV-1', 999, 9) ON CONFLICT DO NOTHING",
+    through(route, db, bare, "INSERT INTO invoices VALUES ($1, 'INV-1', 999, 9) ON CONFLICT DO NOTHING",
             (JOB,))
     assert execute(db, "SELECT amount, generation FROM invoices") == [(120, 8)]
     assert protected.current() == 8
@@ -178,7 +178,7 @@ def test_insert_or_ignore_of_an_existing_key_leaves_the_fence_alone(protected, d
 @pytest.mark.parametrize("route", ROUTES)
 def test_an_upsert_raises_the_fence_only_by_what_it_writes(protected, db, bare, route):
     """An upsert that updates INV-1 at 9 raises the fence to 9; its ignored insert half counts for nothing."""
-    through(route, db, bare, "INSERT INTO invoices VALUES (?, 'INV-1', 90, 9) ON CONFLICT "
+    through(route, db, bare, "INSERT INTO invoices VALUES ($1, 'INV-1', 90, 9) ON CONFLICT "
             "(job_id, invoice_id) DO UPDATE SET amount = excluded.amount, "
             "generation = excluded.generation", (JOB,))
     assert execute(db, "SELECT amount, generation FROM invoices") == [(90, 9)]
@@ -190,7 +190,7 @@ def test_an_unprotected_database_keeps_the_naive_lessons_unconditional_write(db)
     fence = Fence(db, JOB)
     with fence.guard(8):
         pass
-    execute(db, "UPDATE job_fence SET generation = 7 WHERE job_id = ?", (JOB,))
+    execute(db, "UPDATE job_fence SET generation = 7 WHERE job_id = $1", (JOB,))
     assert fence.current() == 7
 
 

@@ -6,12 +6,12 @@ import threading
 import pytest
 
 import labkit
-from labkit import Fence, LabkitError, StaleGeneration, Tx
+from labkit import BadArgument, Fence, LabkitError, StaleGeneration, Tx
 from labkit.db import execute, transaction
 from labkit.fence import unfenced
 from polling import wait_for
 
-INSERT = "INSERT INTO invoices(job_id, invoice_id, amount, generation) VALUES (?, ?, ?, ?)"
+INSERT = "INSERT INTO invoices(job_id, invoice_id, amount, generation) VALUES ($1, $2, $3, $4)"
 
 
 def invoices(db):
@@ -39,7 +39,7 @@ def test_source_story_unfenced_write_from_a_overwrites_bs_invoices(leases, clock
         execute(db, INSERT, ("invoice-run", "INV-1", 120, b.generation))
     clock.advance(18)                                          # A wakes at t=30
     with transaction(db):                                      # A's unfenced write
-        execute(db, "UPDATE invoices SET amount = ?, generation = ? WHERE invoice_id = ?",
+        execute(db, "UPDATE invoices SET amount = $1, generation = $2 WHERE invoice_id = $3",
                 (100, a.generation, "INV-1"))
     assert invoices(db) == [("invoice-run", "INV-1", 100, 7)]   # B's work is lost
 
@@ -351,16 +351,18 @@ def test_a_protected_write_raises_the_fence_in_the_same_statement(db, bare):
             pass
 
 
-def test_labkit_calls_report_the_triggers_refusal_as_stale_generation(db, dump):
-    """labkit.db.execute turns the trigger's refusal into StaleGeneration, with offered/current/job when bound by name."""
+def test_labkit_calls_report_the_triggers_refusal_as_stale_generation(db, dump, engine):
+    """labkit.db.execute turns the trigger's refusal into StaleGeneration, with offered/current/job when bound by name
+    (SQLite's names: PostgreSQL binds by position only)."""
     fence = Fence(db, "invoice-run")
     fence.protect("invoices")
     execute(db, INSERT, ("invoice-run", "INV-1", 120, 8))
     before = dump()
-    with pytest.raises(StaleGeneration) as named:
+    with pytest.raises(StaleGeneration) if engine == "sqlite" else pytest.raises(BadArgument, match="params") as named:
         execute(db, "INSERT INTO invoices VALUES (:job_id, :invoice_id, :amount, :generation)",
                 {"job_id": "invoice-run", "invoice_id": "INV-2", "amount": 1, "generation": 7})
-    assert (named.value.offered, named.value.current, named.value.job) == (7, 8, "invoice-run")
+    if engine == "sqlite":
+        assert (named.value.offered, named.value.current, named.value.job) == (7, 8, "invoice-run")
     with pytest.raises(StaleGeneration) as positional:
         execute(db, INSERT, ("invoice-run", "INV-2", 1, 7))
     assert (positional.value.offered, positional.value.current) == (None, None)
@@ -414,7 +416,7 @@ def test_protected_rows_must_carry_an_integer_token_and_a_job(db, dump):
     before = dump()
     for token in (None, "eight", 7.5):
         with pytest.raises(labkit.BadArgumentType, match="generation"):
-            execute(db, "INSERT INTO notes VALUES ('job', 'x', ?)", (token,))
+            execute(db, "INSERT INTO notes VALUES ('job', 'x', $1)", (token,))
     with pytest.raises(labkit.BadArgument, match="job_id"):
         execute(db, "INSERT INTO notes VALUES (NULL, 'x', 3)")
     assert dump() == before
@@ -480,9 +482,9 @@ def test_protect_quotes_sql_looking_table_and_column_names(db):
     execute(db, f'CREATE TABLE "{table}" (job_id TEXT, "{column.replace(chr(34), chr(34) * 2)}" INTEGER)')
     fence = Fence(db, "job")
     fence.protect(table, column)
-    execute(db, f'INSERT INTO "{table}" VALUES (?, ?)', ("job", 5))
+    execute(db, f'INSERT INTO "{table}" VALUES ($1, $2)', ("job", 5))
     with pytest.raises(StaleGeneration):
-        execute(db, f'INSERT INTO "{table}" VALUES (?, ?)', ("job", 4))
+        execute(db, f'INSERT INTO "{table}" VALUES ($1, $2)', ("job", 4))
     assert fence.current() == 5
     assert execute(db, f'SELECT * FROM "{table}"') == [("job", 5)]
     assert execute(db, "SELECT count(*) FROM invoices") == execute(db, "SELECT count(*) FROM leases")
@@ -493,7 +495,7 @@ def blocked(engine, waiter, reopen, statement="BEGIN IMMEDIATE"):
     another connection holds: on PostgreSQL in pg_locks; on SQLite, it began ``statement``."""
     if engine == "postgres":
         observer, pid = reopen(), getattr(waiter, "pg", waiter).info.backend_pid
-        sql = "SELECT count(*) FROM pg_locks WHERE pid = ? AND NOT granted"
+        sql = "SELECT count(*) FROM pg_locks WHERE pid = $1 AND NOT granted"
         return lambda: execute(observer, sql, (pid,)) == [(1,)]
     began = threading.Event()
     getattr(waiter, "conn", waiter).set_trace_callback(
@@ -551,7 +553,7 @@ def sqlite_db(tmp_path):
 
 EPOCH_TABLE = """CREATE TABLE reports (job_id TEXT NOT NULL, name TEXT NOT NULL, body TEXT,
     epoch INTEGER NOT NULL, generation INTEGER NOT NULL, PRIMARY KEY (job_id, name))"""
-REPORT = "INSERT OR REPLACE INTO reports VALUES (?, ?, ?, ?, ?)"
+REPORT = "INSERT OR REPLACE INTO reports VALUES ($1, $2, $3, $4, $5)"
 
 
 def test_a_protected_table_with_an_epoch_column_compares_tokens_as_guard_does(sqlite_db):

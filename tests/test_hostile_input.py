@@ -179,8 +179,8 @@ def cases() -> list[Case]:
         add("rowcount.sql", lambda e, v=v: rowcount(e.db, v), (v, error))
     for v in (5, ([1],), (2 ** 63,), (-2 ** 63 - 1,), (object(),), (), (1, 2), {"other": 1}):
         add("Tx.execute.params", lambda e, v=v: guarded(e, lambda tx: tx.execute(
-            "UPDATE invoices SET amount = ?", v)), (v, V))
-        add("execute.params", lambda e, v=v: execute(e.db, "UPDATE invoices SET amount = ?", v), (v, V))
+            "UPDATE invoices SET amount = $1", v)), (v, V))
+        add("execute.params", lambda e, v=v: execute(e.db, "UPDATE invoices SET amount = $1", v), (v, V))
     for v in (5, None, (0,), "08"):
         add("Tx.token", lambda e, v=v: Tx(e.db.conn, v), (v, T))
     for v in (None, "A", 1, ("job", "A", 1)):
@@ -421,9 +421,9 @@ def test_sql_looking_names_owners_jobs_and_keys_are_stored_as_given(env):
     with fence.guard(3) as tx:
         assert run_once(tx, SQLISH, lambda t: SQLISH, payload=SQLISH) == SQLISH
     assert fence.current() == 3
-    assert execute(env.db, "SELECT job_id FROM job_fence WHERE job_id = ?", (SQLISH,)) == [(SQLISH,)]
-    assert execute(env.db, "SELECT name FROM lease_counter WHERE name = ?", (SQLISH,)) == [(SQLISH,)]
-    assert execute(env.db, "SELECT key FROM idempotency_keys WHERE key = ?", (SQLISH,)) == [(SQLISH,)]
+    assert execute(env.db, "SELECT job_id FROM job_fence WHERE job_id = $1", (SQLISH,)) == [(SQLISH,)]
+    assert execute(env.db, "SELECT name FROM lease_counter WHERE name = $1", (SQLISH,)) == [(SQLISH,)]
+    assert execute(env.db, "SELECT key FROM idempotency_keys WHERE key = $1", (SQLISH,)) == [(SQLISH,)]
     assert execute(env.db, "SELECT invoice_id FROM invoices") == [("INV-1",)]
 
 

@@ -16,7 +16,7 @@ def charge(calls, amount=120):
     """An effect that inserts a charge row and counts its calls."""
     def effect(tx):
         calls.append(amount)
-        tx.execute("INSERT INTO invoices VALUES ('job', ?, ?, 8)", (f"INV-{len(calls)}", amount))
+        tx.execute("INSERT INTO invoices VALUES ('job', $1, $2, 8)", (f"INV-{len(calls)}", amount))
         return {"charged": amount}
     return effect
 

@@ -14,7 +14,7 @@ from engines import require_postgres
 from labkit import BadArgument, Fence, LabkitError, LeaseAuthority, StaleGeneration, run_once
 from labkit.db import execute
 from labkit.engines.postgres import PostgresServer
-from labkit.engines.postgres_db import ServerGone, translate
+from labkit.engines.postgres_db import ServerGone
 from labkit.engines.servers import free_port
 from polling import wait_for
 
@@ -148,12 +148,14 @@ def test_a_server_killed_and_restarted_keeps_every_committed_fence_counter_and_k
 # --- what the seam does on PostgreSQL ------------------------------------------------------
 
 
-def test_placeholders_are_translated_outside_quotes_only():
-    """? and :name become %s and %(name)s; quoted text, quoted names, casts and % are kept safe."""
-    assert translate("SELECT ?, :job, '?', ':x', \"a?\", 5 % 2, x::text") == (
-        "SELECT %s, %(job)s, '?', ':x', \"a?\", 5 %% 2, x::text")
-    assert translate("BEGIN IMMEDIATE") == "BEGIN ISOLATION LEVEL READ COMMITTED"
-    assert translate("SELECT 'it''s ?', ?") == "SELECT 'it''s ?', %s"
+def test_one_statement_with_its_placeholders_runs_on_both_engines_as_written(pg_schema, tmp_path):
+    """``$1, $2, ...`` are PostgreSQL's own placeholders and parameters named 1, 2, ... to SQLite:
+    the same text, sent unchanged, binds the same values on both (quoted ``?``, ``:x`` and ``%``
+    are only text)."""
+    sql = "SELECT $2 + 0, $1 || '', '?', ':x', '5 % 2', $2 * 2"
+    for db in (labkit.connect(str(tmp_path / "one.db")), labkit.connect(pg_schema.url)):
+        assert execute(db, sql, ("a", 21)) == [(21, "a", "?", ":x", "5 % 2", 42)], db
+        db.conn.close()
 
 
 def test_sqlite_users_need_no_psycopg():
@@ -251,7 +253,7 @@ def race(first, second, *, paused, go, waiter, observer) -> None:
     threads[0].start()
     assert paused.wait(30)
     threads[1].start()
-    sql = "SELECT count(*) FROM pg_locks WHERE pid = ? AND NOT granted"
+    sql = "SELECT count(*) FROM pg_locks WHERE pid = $1 AND NOT granted"
     try:
         wait_for(lambda: execute(observer, sql, (waiter.pg.info.backend_pid,)) == [(1,)], "a wait")
     finally:
@@ -323,7 +325,7 @@ def test_a_deadlock_between_two_guards_is_busy_for_one_and_the_other_commits(pg_
         try:
             with Fence(db, mine).guard(1) as tx:
                 both_in.wait(10)
-                tx.execute("UPDATE job_fence SET generation = generation WHERE job_id = ?", (other,))
+                tx.execute("UPDATE job_fence SET generation = generation WHERE job_id = $1", (other,))
             outcome[mine] = "committed"
         except labkit.Busy:
             outcome[mine] = "busy"

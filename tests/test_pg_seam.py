@@ -26,7 +26,7 @@ def test_a_fenced_write_is_four_round_trips(pg):
     for generation in (1, 2, 2):
         before = pg.trips
         with fence.guard(generation) as tx:
-            tx.execute("INSERT INTO invoices VALUES ('job', ?, 1, ?)", (f"I{pg.trips}", generation))
+            tx.execute("INSERT INTO invoices VALUES ('job', $1, 1, $2)", (f"I{pg.trips}", generation))
         assert pg.trips - before == 4
     assert fence.current() == 2 and len(execute(pg, "SELECT * FROM invoices")) == 3
 
@@ -56,10 +56,14 @@ def test_the_engine_is_an_explicit_interface(pg):
         check_db(LooksLikeOne())
 
 
-def test_placeholders_inside_dollar_quoted_bodies_are_left_alone():
-    """``:name`` and ``?`` inside ``$tag$ ... $tag$`` are PL/pgSQL's, not parameters."""
-    from labkit.engines.postgres_db import translate
-
-    body = "CREATE FUNCTION f() RETURNS int AS $fn$ SELECT :x::int, '?' $fn$ LANGUAGE sql"
-    assert translate(body) == body.replace("'?'", "'?'")
-    assert translate("SELECT :a, $$ :b $$, $q$ ? $q$, ?") == "SELECT %(a)s, $$ :b $$, $q$ ? $q$, %s"
+def test_statements_reach_the_server_as_written(pg):
+    """Nothing rewrites a statement: ``:name``, ``?`` and ``%`` inside ``$tag$ ... $tag$`` bodies
+    and quotes are PostgreSQL's text, ``$1`` is its placeholder; SQLite's ``?`` is refused with
+    an error that names ``$1``, and a mapping (PostgreSQL has no named parameters) names params."""
+    sql = "SELECT $q$ :b ? % $q$, '?', $1::text, $$ $1 $$, $2::int"
+    assert execute(pg, sql, ("a", 7)) == [(" :b ? % ", "?", "a", " $1 ", 7)]
+    with pytest.raises(labkit.BadArgument, match=r"sql: .*\$1, \$2") as refused:
+        execute(pg, "SELECT ?::int", (1,))
+    assert "?" in str(refused.value)
+    with pytest.raises(labkit.BadArgument, match="params: .*by position"):
+        execute(pg, "SELECT $1::int", {"1": 1})

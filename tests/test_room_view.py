@@ -13,16 +13,16 @@ from tests import engines
 #: a synthetic log of ``n`` events over ``n * 0.01`` s ending now, of students ``names``: cycles
 #: of acquire, write, renew, write (every 13th lease refused), release, then five refused acquires
 SYNTHETIC = """INSERT INTO labkit.events (at, student, action, outcome, generation, until)
-SELECT clock_timestamp() - make_interval(secs => (%(n)s - i) * 0.01),
-    (%(names)s::text[])[(i / 10) %% cardinality(%(names)s::text[]) + 1],
+SELECT clock_timestamp() - make_interval(secs => ($1 - i) * 0.01),
+    ($2::text[])[(i / 10) % cardinality($2::text[]) + 1],
     (ARRAY['acquire', 'write', 'renew', 'write', 'release', 'acquire', 'acquire', 'acquire',
-           'acquire', 'acquire'])[i %% 10 + 1],
-    CASE WHEN i %% 10 >= 5 THEN 'held' WHEN i %% 10 = 3 AND (i / 10) %% 13 = 0 THEN 'rejected'
+           'acquire', 'acquire'])[i % 10 + 1],
+    CASE WHEN i % 10 >= 5 THEN 'held' WHEN i % 10 = 3 AND (i / 10) % 13 = 0 THEN 'rejected'
          ELSE 'ok' END,
-    CASE WHEN i %% 10 < 5 THEN i / 10 END,
-    CASE WHEN i %% 10 IN (0, 2) THEN clock_timestamp()
-        - make_interval(secs => (%(n)s - i) * 0.01) + interval '0.05 s' END
-FROM generate_series(1, %(n)s) AS i"""
+    CASE WHEN i % 10 < 5 THEN i / 10 END,
+    CASE WHEN i % 10 IN (0, 2) THEN clock_timestamp()
+        - make_interval(secs => ($1 - i) * 0.01) + interval '0.05 s' END
+FROM generate_series(1, $1) AS i"""
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def classroom():
         url = f"postgresql://labkit_room:{password}@127.0.0.1:{server.port}/postgres"
         room = Room(server.url)
         students = [register(url, name) for name in ("cai", "ana", "ben")]
-        room.conn.execute(SYNTHETIC, {"n": 5000, "names": ["cai", "ana", "ben"]})
+        room.conn.execute(SYNTHETIC, [5000, ["cai", "ana", "ben"]])
         room.pause("ben", 0.01)
         yield url, room, students
         for s in students:
@@ -65,7 +65,7 @@ def test_a_view_reads_only_its_window_then_only_what_is_new(classroom):
     ana = students[1]
     generation = wait_for(lambda: ana.acquire(), "ana to win the lease")[0]
     ana.write(generation), ana.release(generation)
-    added = count(room, "SELECT count(*) FROM labkit.events WHERE id > %s", [view.last])
+    added = count(room, "SELECT count(*) FROM labkit.events WHERE id > $1", [view.last])
     assert view.update().read == added and added >= 3
     totals = {s: tuple(c) for s, c in view.totals.items()}
     expected = room.conn.execute(

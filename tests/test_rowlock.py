@@ -83,7 +83,7 @@ def test_an_error_while_b_waits_still_stops_everything(monkeypatch):
     from labkit.engines import rowlock
 
     before = leftovers()
-    monkeypatch.setattr(rowlock, "LOCKS", "SELECT no_such_column FROM pg_locks WHERE pid = ?")
+    monkeypatch.setattr(rowlock, "LOCKS", "SELECT no_such_column FROM pg_locks WHERE pid = $1")
     with pytest.raises(LabkitError, match="no_such_column"):
         rowlock.run(hold=0.0, timeout=5.0)
     assert leftovers() == before

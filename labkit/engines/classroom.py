@@ -272,7 +272,10 @@ def install(
     from psycopg import sql
 
     password = secrets.token_urlsafe(18)
-    with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
+    with (
+        psycopg.connect(url, autocommit=True, cursor_factory=psycopg.RawCursor) as conn,
+        conn.transaction(),
+    ):
         for statement in INSTALL:
             conn.execute(statement)
         create = "CREATE ROLE labkit_room LOGIN PASSWORD {} CONNECTION LIMIT 10"
@@ -293,5 +296,5 @@ def install(
         }
         settings["verifier"] = conn.execute(verifier).fetchone()[0]
         for key, value in settings.items():
-            conn.execute("INSERT INTO labkit.room VALUES (%s, %s)", [key, str(value)])
+            conn.execute("INSERT INTO labkit.room VALUES ($1, $2)", [key, str(value)])
     return password

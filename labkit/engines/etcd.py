@@ -29,7 +29,7 @@ __all__ = ["Cluster", "EtcdLease", "EtcdLeases", "EtcdStory", "LeaderKiller", "R
 __all__ += ["Step", "authority", "demo", "require", "restore_story", "story"]
 
 JOB, INVOICE = "invoice-run", "INV-1"  # labkit.sim's job (engines sit below sim)
-UPSERT = """INSERT INTO invoices VALUES (?, ?, ?, ?) ON CONFLICT (job_id, invoice_id)
+UPSERT = """INSERT INTO invoices VALUES ($1, $2, $3, $4) ON CONFLICT (job_id, invoice_id)
     DO UPDATE SET amount = excluded.amount, generation = excluded.generation"""
 _CLOCK = RealClock()  # a real-engine run: real time, read through the one clock protocol
 

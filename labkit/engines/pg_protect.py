@@ -28,7 +28,7 @@ __all__ = ["protect"]
 
 COLUMNS = """SELECT c.column_name, c.data_type FROM information_schema.columns AS c
     JOIN information_schema.tables AS t USING (table_schema, table_name)
-    WHERE c.table_schema = current_schema() AND c.table_name = %s AND t.table_type = 'BASE TABLE'"""
+    WHERE c.table_schema = current_schema() AND c.table_name = $1 AND t.table_type = 'BASE TABLE'"""
 INTEGERS = {"smallint", "integer", "bigint"}
 
 

@@ -6,14 +6,14 @@ contract. It is in autocommit, so the only transactions are the ones labkit begi
 ``BEGIN IMMEDIATE`` is sent as a READ COMMITTED ``BEGIN``, and the row locks that the
 conditional statements take, held until COMMIT, serialise the writers (each statement then sees
 what the writer before it committed). Every value is bound, every row fetched, and driver errors
-become labkit's errors here. labkit's ``?`` and ``:name`` placeholders become psycopg's ``%s``
-and ``%(name)s``, outside quotes, quoted names and dollar-quoted bodies. Its clock
+become labkit's errors here. Statements go to the server as written: labkit's placeholders are
+``$1, $2, ...``, PostgreSQL's own (SQLite reads them as parameters named 1, 2, ...), bound by
+position through psycopg's raw cursor, so no statement is rewritten. Its clock
 (:meth:`PostgresDatabase.now`) is the server's ``clock_timestamp()``.
 """
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -23,7 +23,7 @@ from labkit.engines import pg_protect
 from labkit.errors import MAX_INT, BadArgument, BadArgumentType, Busy, LabkitError, StaleGeneration
 from labkit.errors import check_number
 
-__all__ = ["PostgresDatabase", "ServerGone", "connect", "translate"]
+__all__ = ["PostgresDatabase", "ServerGone", "connect", "BEGIN"]
 
 SCHEMA = core.SCHEMA.replace("INTEGER", "BIGINT").replace("REAL", "DOUBLE PRECISION")
 GONE = (
@@ -66,12 +66,14 @@ def connect(url: str, *, busy_timeout_ms: int = 5000) -> PostgresDatabase:
     psycopg = driver()
     shown = _check_url(url, psycopg)
     try:
-        conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
+        conn = psycopg.connect(
+            url, autocommit=True, connect_timeout=10, cursor_factory=psycopg.RawCursor
+        )
     except psycopg.OperationalError as exc:
         raise _refused(str(exc), shown) from None
     db = PostgresDatabase(conn, shown, timeout)
     try:
-        db.execute("SELECT set_config('lock_timeout', ?, false)", (f"{timeout}ms",))
+        db.execute("SELECT set_config('lock_timeout', $1, false)", (f"{timeout}ms",))
         if db.execute("SELECT to_regclass('invoices')", ()).fetchall() == [(None,)]:
             with core.transaction(db):  # one installer at a time, even across connections
                 db.execute("SELECT pg_advisory_xact_lock(hashtext('labkit schema'))", ())
@@ -114,36 +116,10 @@ def _refused(text: str, shown: str) -> LabkitError:
     )
 
 
-@functools.lru_cache(maxsize=512)
-def translate(sql: str) -> str:
-    """labkit's SQL as psycopg's: ``?`` is ``%s``, ``:name`` is ``%(name)s``, ``%`` is ``%%``.
-
-    Quoted strings, quoted names, ``::`` casts and dollar-quoted bodies are left alone.
-
-    >>> translate("SELECT ?, :job, '?', 5 % 2, x::text")
-    "SELECT %s, %(job)s, '?', 5 %% 2, x::text"
-    """
-    if sql.strip().upper() == "BEGIN IMMEDIATE":  # the isolation these statements are written for
-        return "BEGIN ISOLATION LEVEL READ COMMITTED"
-    return _TOKENS.sub(_swap, sql)
-
-
+#: SQLite's ``BEGIN IMMEDIATE`` here: the isolation labkit's statements are written for
+BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
+_SQLITE_STYLE = re.compile(r"\?|(?<![:\w]):[A-Za-z_]")  # SQLite's placeholders, met on PostgreSQL
 _CONTROL = re.compile(r"\s*(BEGIN|COMMIT|END|ROLLBACK|ABORT|SAVEPOINT|RELEASE)\b", re.I)
-_TOKENS = re.compile(
-    r"""'(?:[^']|'')*'|"(?:[^"]|"")*"|(\$(?:[A-Za-z_]\w*)?\$).*?\1|::|\?|:([A-Za-z_]\w*)|%""",
-    re.S,
-)
-
-
-def _swap(match: re.Match) -> str:
-    text = match.group(0)
-    if text == "?":
-        return "%s"
-    if text == "%":
-        return "%%"
-    if match.group(2):
-        return f"%({match.group(2)})s"
-    return text
 
 
 class PostgresDatabase(core.Engine):
@@ -199,11 +175,14 @@ class PostgresDatabase(core.Engine):
         self.pg.close()
 
     def execute(self, sql: str, params: Any = ()) -> _Rows:
-        """Run one labkit statement (``?`` or ``:name`` placeholders); its rows, all fetched."""
-        return self.run(translate(sql), _bind(params), params)
+        """Run one labkit statement (``$1, $2, ...`` placeholders); its rows, all fetched."""
+        if sql.strip().upper() == "BEGIN IMMEDIATE":  # transaction control in SQLite's words
+            sql = BEGIN
+        return self.run(sql, _bind(params))
 
-    def run(self, sql: str, params: Any = (), named: Any = None) -> _Rows:
-        """Run one statement already in psycopg's form; driver errors become labkit errors.
+    def run(self, sql: str, params: Any = ()) -> _Rows:
+        """Run one statement as written, ``params`` bound to its ``$1, $2, ...`` (a raw
+        cursor: ``%`` and ``?`` mean nothing to it); driver errors become labkit errors.
 
         Inside a transaction, a failed statement aborts all of it on PostgreSQL but only itself on
         SQLite; a savepoint around the statement keeps SQLite's rule (the error still raises).
@@ -220,7 +199,7 @@ class PostgresDatabase(core.Engine):
                     return _Rows(rows, cursor.rowcount)
             return self._alone(sql, params, psycopg)
         except psycopg.Error as exc:
-            raise self._translate(exc, named if named is not None else params) from exc
+            raise self._translate(exc, params, sql) from exc
         except (TypeError, KeyError) as exc:  # psycopg met params it cannot bind
             raise BadArgument("params", f"cannot bind {exc}") from None
 
@@ -247,7 +226,7 @@ class PostgresDatabase(core.Engine):
         """Fence.protect on PostgreSQL: PL/pgSQL triggers (see :mod:`labkit.engines.pg_protect`)."""
         pg_protect.protect(self, table, column)
 
-    def _translate(self, exc, params: Any) -> LabkitError:
+    def _translate(self, exc, params: Any, sql: str = "") -> LabkitError:
         import psycopg.errors as e
 
         text = (exc.diag.message_primary if exc.diag else None) or str(exc)
@@ -255,11 +234,16 @@ class PostgresDatabase(core.Engine):
             return Busy(self.busy_timeout_ms)  # all three: nothing written, retry
         if self.pg.closed and not self.pg.broken:
             return BadArgument("db", "the database connection is closed")
+        if isinstance(exc, e.ProtocolViolation) and "parameters" in text and not self.pg.broken:
+            return BadArgument("params", f"{text}: give one value for each $1, $2, ...")
         if self.pg.broken or isinstance(exc, e.OperationalError):
             return ServerGone(self.url, GONE.format(where=f" ({text.strip()})"))
         if isinstance(exc, e.RaiseException) and text.startswith("labkit: "):
             detail = exc.diag.message_detail or ""
             return refusal(text, params, tuple(map(int, detail.split(","))) if detail else None)
+        if isinstance(exc, e.SyntaxError) and _SQLITE_STYLE.search(sql):
+            return BadArgument("sql", f"{text}: PostgreSQL's placeholders are $1, $2, ... (not ? "
+                               "or :name), and labkit sends every statement as written")  # fmt: skip
         if "cannot insert multiple commands" in text:
             return BadArgument("sql", "must be exactly one statement")
         if isinstance(exc, e.DataError) or (
@@ -293,9 +277,9 @@ def refusal(text: str, params: Any, fence: tuple | None) -> LabkitError:
 
 
 def _bind(params: Any) -> Any:
-    """``params`` as psycopg takes them: SQLite's value types only, bools as ints."""
+    """``params`` as the raw cursor takes them: a sequence of SQLite's value types, bools as ints."""
     if isinstance(params, Mapping):
-        return {k: _value(v, k) for k, v in params.items()}
+        raise BadArgument("params", "PostgreSQL binds $1, $2, ... by position: pass a sequence")
     if isinstance(params, (str, bytes)) or not hasattr(params, "__iter__"):
         raise BadArgument("params", f"must be a sequence or a mapping, not {type(params).__name__}")
     return [_value(v, i) for i, v in enumerate(params, 1)]

@@ -36,7 +36,7 @@ ACQUIRE = """if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) the
 return {tonumber(redis.call('GET', KEYS[3]) or '0'), redis.call('INCR', KEYS[2])}"""
 RELEASE = """if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 return redis.call('DEL', KEYS[1])"""
-UPSERT = """INSERT INTO invoices VALUES (?, ?, ?, ?) ON CONFLICT (job_id, invoice_id)
+UPSERT = """INSERT INTO invoices VALUES ($1, $2, $3, $4) ON CONFLICT (job_id, invoice_id)
     DO UPDATE SET amount = excluded.amount, generation = excluded.generation"""
 WAIT_MS = 10  # A's WAIT 1: the stalled link acknowledges nothing, however long it waits
 EPOCHS = "CREATE TABLE redis_epochs (name TEXT PRIMARY KEY, epoch INTEGER NOT NULL)"
@@ -123,11 +123,11 @@ def take_epoch(db, name: str, seen: int) -> int:
     else raise: of two promotions that saw the same epoch, one wins."""
     ensure_schema(db, "redis_epochs", EPOCHS)
     probe, add = (
-        "SELECT 1 FROM redis_epochs WHERE name = ?",
-        "INSERT INTO redis_epochs VALUES (?, 0)",
+        "SELECT 1 FROM redis_epochs WHERE name = $1",
+        "INSERT INTO redis_epochs VALUES ($1, 0)",
     )
     ensure(db, probe, (name,), add, (name,))
-    sql = "UPDATE redis_epochs SET epoch = ? WHERE name = ? AND epoch = ?"
+    sql = "UPDATE redis_epochs SET epoch = $1 WHERE name = $2 AND epoch = $3"
     with transaction(db):
         if rowcount(db, sql, (seen + 1, name, seen)) != 1:
             raise LabkitError(f"epoch {seen} of {name!r} is not the last: someone took the next")
@@ -261,7 +261,7 @@ class _Play:
         raise LabkitError(f"{who} found the Redis lease held for {3 * ttl:g} s")
 
     def read(self, who: str) -> None:
-        sql = "SELECT generation FROM invoices WHERE job_id = ? AND invoice_id = ?"
+        sql = "SELECT generation FROM invoices WHERE job_id = $1 AND invoice_id = $2"
         for invoice in ("INV-1", "INV-2"):
             rows = execute(self.resource, sql, (JOB, invoice))
             self.record(who, "read", "ok", rows[0][0] if rows else None, invoice)

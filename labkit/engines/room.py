@@ -32,7 +32,7 @@ EVENTS = """SELECT id, extract(epoch FROM at)::float8, extract(epoch FROM began)
 TALLY = """SELECT student, count(*) FILTER (WHERE action = 'write' AND outcome = 'ok'),
     count(*) FILTER (WHERE action = 'write' AND outcome = 'rejected'),
     count(*) FILTER (WHERE action = 'pause'), max(id)
-    FROM labkit.events WHERE id > %s AND id <= %s GROUP BY student"""
+    FROM labkit.events WHERE id > $1 AND id <= $2 GROUP BY student"""
 
 
 class Room:
@@ -47,7 +47,10 @@ class Room:
             url = Path(url).read_text().strip()
         if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
             raise BadArgument("url", "must be the instructor's postgresql:// URL or its file")
-        self.url, self.conn = url, driver().connect(url, autocommit=True)
+        self.url, self.conn = (
+            url,
+            driver().connect(url, autocommit=True, cursor_factory=driver().RawCursor),
+        )
         self.conn.execute("SET lock_timeout = '2s'")
 
     def close(self) -> None:
@@ -67,7 +70,7 @@ class Room:
         """Fence every student's write (``on``), or let them all land (the unprotected run)."""
         if not isinstance(on, bool):
             raise BadArgumentType("on", f"must be True or False, got {type(on).__name__}")
-        sql = "UPDATE labkit.room SET value = %s WHERE key = 'protected'"
+        sql = "UPDATE labkit.room SET value = $1 WHERE key = 'protected'"
         self.conn.execute(sql, ["on" if on else "off"])
 
     def pause(self, names, seconds: float) -> None:
@@ -88,7 +91,7 @@ class Room:
             )
         with self.conn.transaction():
             for name in names:
-                sql = "INSERT INTO labkit.pauses (student, seconds) VALUES (%s, %s)"
+                sql = "INSERT INTO labkit.pauses (student, seconds) VALUES ($1, $2)"
                 self.conn.execute(sql, [name, seconds])
 
     def reset(self) -> None:
@@ -123,13 +126,13 @@ class Room:
     def events(self, since: int = 0) -> list[tuple]:
         """Rows ``(id, at, began, student, action, outcome, generation, until)`` after id
         ``since``; the times are seconds since the epoch, from the server's clock."""
-        return self.conn.execute(f"{EVENTS} WHERE id > %s ORDER BY id", [since]).fetchall()
+        return self.conn.execute(f"{EVENTS} WHERE id > $1 ORDER BY id", [since]).fetchall()
 
     def window(self, since: int, seconds: float) -> list[tuple]:
         """The rows of :meth:`events` after id ``since`` and in the last ``seconds`` of the log:
         what a live view needs, read through the index on ``at`` (never the whole log)."""
-        sql = f"""{EVENTS} WHERE id > %s AND at >= (SELECT max(at) FROM labkit.events)
-            - make_interval(secs => %s) ORDER BY id"""
+        sql = f"""{EVENTS} WHERE id > $1 AND at >= (SELECT max(at) FROM labkit.events)
+            - make_interval(secs => $2) ORDER BY id"""
         return self.conn.execute(sql, [since, seconds]).fetchall()
 
     def tally(self, since: int = 0, upto: int | None = None) -> list[tuple]:
@@ -155,7 +158,7 @@ class Watchdog:
         self.thread = threading.Thread(target=self._run, name="labkit-watchdog", daemon=True)
 
     def start(self) -> Watchdog:
-        self.conn = driver().connect(self.url, autocommit=True)
+        self.conn = driver().connect(self.url, autocommit=True, cursor_factory=driver().RawCursor)
         self.thread.start()
         return self
 
@@ -163,13 +166,15 @@ class Watchdog:
         psycopg = driver()
         while not self.stopping.wait(self.every):
             try:
-                row = self.conn.execute("SELECT labkit.tick(%s)", [self.bound]).fetchone()
+                row = self.conn.execute("SELECT labkit.tick($1)", [self.bound]).fetchone()
                 self.ended += row[0]
             except psycopg.Error as exc:  # keep watching: one bad round must not end the watch
                 self.error = exc
                 if self.conn.broken or self.conn.closed:
                     with contextlib.suppress(psycopg.Error):
-                        self.conn = driver().connect(self.url, autocommit=True)
+                        self.conn = driver().connect(
+                            self.url, autocommit=True, cursor_factory=driver().RawCursor
+                        )
 
     def stop(self) -> None:
         self.stopping.set()

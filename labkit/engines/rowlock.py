@@ -23,15 +23,15 @@ from labkit.errors import Busy, LabkitError, StaleGeneration
 __all__ = ["RowLock", "demo", "run"]
 
 X, Y = "invoice-run", "refund-run"
-UPSERT = """INSERT INTO invoices VALUES (?, ?, ?, ?) ON CONFLICT (job_id, invoice_id)
+UPSERT = """INSERT INTO invoices VALUES ($1, $2, $3, $4) ON CONFLICT (job_id, invoice_id)
     DO UPDATE SET amount = excluded.amount, generation = excluded.generation"""
 # a backend's tuple locks and the locks it waits for, with the pid holding that (0: none)
 LOCKS = """SELECT l.locktype, coalesce(l.relation::regclass::text, '-'), l.mode, l.granted,
     coalesce(l.transactionid::text, ''), coalesce(h.pid, 0) FROM pg_locks l LEFT JOIN pg_locks h
     ON h.transactionid = l.transactionid AND h.granted AND NOT l.granted AND h.pid <> l.pid
-    WHERE l.pid = ? AND (l.locktype = 'tuple' OR NOT l.granted) ORDER BY NOT l.granted"""
+    WHERE l.pid = $1 AND (l.locktype = 'tuple' OR NOT l.granted) ORDER BY NOT l.granted"""
 WAITING = """SELECT coalesce(wait_event_type || '/' || wait_event, 'not waiting')
-    FROM pg_stat_activity WHERE pid = ?"""
+    FROM pg_stat_activity WHERE pid = $1"""
 _CLOCK = RealClock()  # a real-engine run: real time, read through the one clock protocol
 
 
@@ -124,11 +124,11 @@ def _play(watch, a, b, c, *, hold, timeout, server_pid) -> RowLock:
                 if _CLOCK.now() > deadline:
                     break
                 time.sleep(0.005)
-            blocking = frozenset(execute(watch, "SELECT pg_blocking_pids(?)", (pb,))[0][0])
+            blocking = frozenset(execute(watch, "SELECT pg_blocking_pids($1)", (pb,))[0][0])
             locks = tuple(map(tuple, execute(watch, LOCKS, (pb,))))
             with contextlib.suppress(Busy), fence_c.guard(1) as other:  # Y's row: no wait
                 other.execute(UPSERT, (Y, "REF-1", 30, 1))
-            beside = tx.live and execute(watch, "SELECT 1 FROM invoices WHERE job_id = ?", (Y,))
+            beside = tx.live and execute(watch, "SELECT 1 FROM invoices WHERE job_id = $1", (Y,))
             time.sleep(hold)
     finally:  # A's transaction has ended, committed or rolled back, and B's wait with it
         if thread.ident is not None:

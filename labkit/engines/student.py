@@ -36,12 +36,14 @@ class Student:
         params = psycopg.conninfo.conninfo_to_dict(url) | {"user": login, "password": password}
         self.url = psycopg.conninfo.make_conninfo(**params)
         self.name, self.login, self.password, self.secret = name, login, password, secret
-        self.conn = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+        self.conn = psycopg.connect(
+            self.url, autocommit=True, connect_timeout=10, cursor_factory=psycopg.RawCursor
+        )
 
     def call(self, function: str, *args):
         """Call ``labkit.<function>(name, secret, *args)``; return its rows."""
         psycopg = driver()
-        marks = ", ".join(["%s"] * (len(args) + 2))
+        marks = ", ".join(f"${n}" for n in range(1, len(args) + 3))
         try:
             return self.conn.execute(
                 f"SELECT * FROM labkit.{function}({marks})", [self.name, self.secret, *args]
@@ -75,9 +77,11 @@ def register(url: str, name: str) -> Student:
     if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
         raise BadArgument("url", f"{url!r} is not the room's postgresql:// URL: ask for it again")
     try:
-        with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+        with psycopg.connect(
+            url, autocommit=True, connect_timeout=10, cursor_factory=psycopg.RawCursor
+        ) as conn:
             login, password, secret = conn.execute(
-                "SELECT * FROM labkit.register(%s)", [name]
+                "SELECT * FROM labkit.register($1)", [name]
             ).fetchone()
     except psycopg.Error as exc:
         raise _refused(exc) from None

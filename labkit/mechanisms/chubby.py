@@ -31,7 +31,7 @@ class LockDelay:
 
     def free_at(self, name: str) -> float:
         """When ``name`` may be granted again (``-inf`` if it may now, or nobody held it)."""
-        rows = execute(self.authority.db, "SELECT expires_at FROM leases WHERE name = ?", (name,))
+        rows = execute(self.authority.db, "SELECT expires_at FROM leases WHERE name = $1", (name,))
         return rows[0][0] + self.delay if rows else float("-inf")
 
     def try_acquire(self, name: str, owner: str, ttl: float) -> Lease | None:

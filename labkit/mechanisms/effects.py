@@ -96,7 +96,7 @@ class FencedFileStore:
             with os.fdopen(handle, "wb") as out:
                 out.write(data)
             os.replace(temp, final)
-        sql = "INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?)"  # in the order of _SCHEMA
+        sql = "INSERT OR REPLACE INTO files VALUES ($1, $2, $3, $4, $5)"  # in the order of _SCHEMA
         tx.execute(sql, (name, *tx.token, blob, len(data)))
         return blob
 
@@ -108,13 +108,13 @@ class FencedFileStore:
     def path(self, name: str) -> Path | None:
         """The on-disk path of the current content of ``name`` (a blob), or None."""
         name = check_name(name, "name")
-        rows = execute(self.db, "SELECT blob FROM files WHERE name = ?", (name,))
+        rows = execute(self.db, "SELECT blob FROM files WHERE name = $1", (name,))
         return self.directory / "blobs" / rows[0][0] if rows else None
 
     def generation(self, name: str) -> int | tuple[int, int] | None:
         """The token that wrote the current content of ``name``, or None."""
         name = check_name(name, "name")
-        rows = execute(self.db, "SELECT epoch, generation FROM files WHERE name = ?", (name,))
+        rows = execute(self.db, "SELECT epoch, generation FROM files WHERE name = $1", (name,))
         return show(rows[0]) if rows else None
 
 
@@ -155,7 +155,7 @@ class _Provider:
     def records(self) -> list[dict]:
         """Everything this provider did, oldest first: id, idempotency_key, payload, created_at."""
         sql = """SELECT id, idempotency_key, payload, created_at FROM provider_records
-            WHERE kind = ? ORDER BY id"""
+            WHERE kind = $1 ORDER BY id"""
         rows = execute(self.db, sql, (self.kind,))
         return [
             {"id": i, "idempotency_key": k, "payload": json.loads(p), "created_at": t}
@@ -202,14 +202,14 @@ class Outbox:
             raise BadArgument("tx", "is not fenced: open it with Fence(db, job).guard(token)")
         row = (check_name(key, "key"), check_name(kind, "kind"), canonical(payload, "payload"))
         sql = """INSERT INTO outbox(key, kind, payload, epoch, generation, state, created_at)
-            VALUES (?, ?, ?, ?, ?, 'pending', ?) ON CONFLICT(key) DO NOTHING RETURNING key"""
+            VALUES ($1, $2, $3, $4, $5, 'pending', $6) ON CONFLICT(key) DO NOTHING RETURNING key"""
         return bool(tx.execute(sql, (*row, *tx.token, read_clock(self.clock))))
 
     def pending(self, kind: str | None = None) -> list[tuple[str, str, dict, int]]:
         """Pending rows (of ``kind``), oldest first, as ``(key, kind, payload, generation)``."""
         kind = None if kind is None else check_name(kind, "kind")
         sql = """SELECT key, kind, payload, generation FROM outbox WHERE state = 'pending'
-            AND (? IS NULL OR kind = ?) ORDER BY created_at, key"""
+            AND ($1 IS NULL OR kind = $2) ORDER BY created_at, key"""
         rows = execute(self.db, sql, (kind, kind))
         return [(k, kd, json.loads(p), g) for k, kd, p, g in rows]
 
@@ -217,8 +217,8 @@ class Outbox:
         """Mark ``key`` sent by one conditional UPDATE; False if it was not pending."""
         key = check_name(key, "key")
         provider_id = check_number(provider_id, "provider_id", integer=True, high=MAX_INT)
-        sql = """UPDATE outbox SET state = 'sent', provider_id = ?, sent_at = ?
-            WHERE key = ? AND state = 'pending'"""
+        sql = """UPDATE outbox SET state = 'sent', provider_id = $1, sent_at = $2
+            WHERE key = $3 AND state = 'pending'"""
         row = (provider_id, read_clock(self.clock), key)
         with transaction(self.db):
             return rowcount(self.db, sql, row) == 1
@@ -237,7 +237,7 @@ class Outbox:
         marked, "missing": sent keys it lacks, "unknown": ids sent around the outbox}``."""
         records = provider.records()
         theirs = {r["idempotency_key"]: r["id"] for r in records}
-        query = "SELECT key, state FROM outbox WHERE kind = ? ORDER BY key"
+        query = "SELECT key, state FROM outbox WHERE kind = $1 ORDER BY key"
         ours = dict(execute(self.db, query, (provider.kind,)))
         delivered = [k for k, state in ours.items() if state == "pending" and k in theirs]
         return {
@@ -265,7 +265,7 @@ class ETagStore:
     def get(self, name: str) -> tuple[bytes, str] | None:
         """``(body, etag)`` of ``name``, or None."""
         name = check_name(name, "name")
-        rows = execute(self.db, "SELECT body, etag FROM objects WHERE name = ?", (name,))
+        rows = execute(self.db, "SELECT body, etag FROM objects WHERE name = $1", (name,))
         return (bytes(rows[0][0]), rows[0][1]) if rows else None
 
     def put(self, name: str, body: bytes) -> str:
@@ -281,7 +281,7 @@ class ETagStore:
     def _write(self, sql: str, name: str, body: bytes, **params) -> str | None:
         body, name = _bytes(body, "body"), check_name(name, "name")
         with transaction(self.db):
-            seen = execute(self.db, "SELECT etag FROM objects WHERE name = ?", (name,))
+            seen = execute(self.db, "SELECT etag FROM objects WHERE name = $1", (name,))
             mark = (
                 body if self.etags == "hash" else f"{seen[0][0] if seen else ''}/".encode() + body
             )

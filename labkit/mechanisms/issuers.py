@@ -49,7 +49,7 @@ class EpochAuthority:
     def next_epoch(self, name: str) -> int:
         """Commit and return an epoch above every epoch this authority gave ``name``."""
         name = check_name(name, "name")
-        sql = """INSERT INTO epochs(name, epoch) VALUES (?, 1)
+        sql = """INSERT INTO epochs(name, epoch) VALUES ($1, 1)
             ON CONFLICT(name) DO UPDATE SET epoch = epoch + 1 RETURNING epoch"""
         with transaction(self.db):
             return execute(self.db, sql, (name,))[0][0]
@@ -57,7 +57,7 @@ class EpochAuthority:
     def current(self, name: str) -> int:
         """Return the last epoch given to ``name`` (0 if none)."""
         name = check_name(name, "name")
-        rows = execute(self.db, "SELECT epoch FROM epochs WHERE name = ?", (name,))
+        rows = execute(self.db, "SELECT epoch FROM epochs WHERE name = $1", (name,))
         return rows[0][0] if rows else 0
 
 
@@ -95,7 +95,7 @@ class EpochIssuer:
 
     def current(self) -> int | tuple[int, int]:
         """Return the last token issued (0 if none)."""
-        sql = "SELECT epoch, counter FROM epoch_counter WHERE name = ?"
+        sql = "SELECT epoch, counter FROM epoch_counter WHERE name = $1"
         rows = execute(self.db, sql, (self.name,))
         return show(rows[0]) if rows else 0
 
@@ -122,7 +122,7 @@ class ReplicatedIssuer:
         """Commit the next token on the primary, log it for the replica, and return it."""
         with transaction(self.primary):
             epoch, counter = _advance(self.primary, self.name)
-            sql = "INSERT INTO repl_log(name, epoch, counter, committed_at) VALUES (?, ?, ?, ?)"
+            sql = "INSERT INTO repl_log(name, epoch, counter, committed_at) VALUES ($1, $2, $3, $4)"
             execute(self.primary, sql, (self.name, epoch, counter, read_clock(self.clock)))
         return show((epoch, counter))
 
@@ -135,12 +135,14 @@ class ReplicatedIssuer:
         if self.replica is None:
             return 0
         sql = """SELECT seq, name, epoch, counter FROM repl_log
-            WHERE seq > ? AND committed_at + ? <= ? ORDER BY seq"""
+            WHERE seq > $1 AND committed_at + $2 <= $3 ORDER BY seq"""
         due = execute(self.primary, sql, (self._applied(), self.lag, read_clock(self.clock)))
         with transaction(self.replica):
             for seq, *row in due:
-                execute(self.replica, "INSERT OR REPLACE INTO epoch_counter VALUES (?, ?, ?)", row)
-                execute(self.replica, "INSERT OR REPLACE INTO repl_applied VALUES (1, ?)", (seq,))
+                execute(
+                    self.replica, "INSERT OR REPLACE INTO epoch_counter VALUES ($1, $2, $3)", row
+                )
+                execute(self.replica, "INSERT OR REPLACE INTO repl_applied VALUES (1, $1)", (seq,))
         return len(due)
 
     def failover(self) -> int:
@@ -148,7 +150,7 @@ class ReplicatedIssuer:
         if self.replica is None:
             raise BadArgument("replica", "already promoted; there is no replica left")
         self.replicate()
-        sql = "SELECT count(*) FROM repl_log WHERE seq > ?"
+        sql = "SELECT count(*) FROM repl_log WHERE seq > $1"
         lost = execute(self.primary, sql, (self._applied(),))[0][0]
         self.primary, self.replica = self.replica, None
         return lost
@@ -186,9 +188,9 @@ def restore(db, path: str) -> None:
 def _cleanup(db, clock: Clock, name: str, *, counter_too: bool) -> int:
     now, name = read_clock(clock), check_name(name, "name")
     with transaction(db):
-        gone = rowcount(db, "DELETE FROM leases WHERE name = ? AND expires_at <= ?", (name, now))
-        if counter_too and not execute(db, "SELECT 1 FROM leases WHERE name = ?", (name,)):
-            gone += rowcount(db, "DELETE FROM lease_counter WHERE name = ?", (name,))
+        gone = rowcount(db, "DELETE FROM leases WHERE name = $1 AND expires_at <= $2", (name, now))
+        if counter_too and not execute(db, "SELECT 1 FROM leases WHERE name = $1", (name,)):
+            gone += rowcount(db, "DELETE FROM lease_counter WHERE name = $1", (name,))
     return gone
 
 

@@ -79,7 +79,7 @@ class Claims:
     def enqueue(self, job: str) -> Claim:
         """Create ``job``'s claim row as queued (no-op if it exists); return the row."""
         job, now = check_name(job, "job"), read_clock(self.clock)
-        sql = """INSERT INTO claims(job, state, updated_at) VALUES (?, 'queued', ?)
+        sql = """INSERT INTO claims(job, state, updated_at) VALUES ($1, 'queued', $2)
             ON CONFLICT(job) DO NOTHING"""
         with transaction(self.db):
             execute(self.db, sql, (job, now))
@@ -120,13 +120,13 @@ class Claims:
     def get(self, job: str) -> Claim | None:
         """Read ``job``'s claim, or None."""
         job = check_name(job, "job")
-        rows = execute(self.db, f"SELECT {_COLUMNS} FROM claims WHERE job = ?", (job,))
+        rows = execute(self.db, f"SELECT {_COLUMNS} FROM claims WHERE job = $1", (job,))
         return Claim(*rows[0]) if rows else None
 
     def stale(self, older_than: float) -> list[Claim]:
         """Unfinished claims not changed for at least ``older_than`` seconds (a read)."""
         cutoff = read_clock(self.clock) - check_number(older_than, "older_than")
-        sql = f"""SELECT {_COLUMNS} FROM claims WHERE state = 'claimed' AND updated_at <= ?
+        sql = f"""SELECT {_COLUMNS} FROM claims WHERE state = 'claimed' AND updated_at <= $1
             ORDER BY job"""
         rows = execute(self.db, sql, (cutoff,))
         return [Claim(*r) for r in rows]
@@ -158,7 +158,7 @@ def produce(
     invoice, produced = f"{unit}@{claim.generation}", []
 
     def effect(tx: Tx) -> str:
-        sql = "INSERT INTO invoices(job_id, invoice_id, amount, generation) VALUES (?, ?, ?, ?)"
+        sql = "INSERT INTO invoices(job_id, invoice_id, amount, generation) VALUES ($1, $2, $3, $4)"
         tx.execute(sql, (fence.job, invoice, amount, claim.generation))
         produced.append(invoice)
         return invoice

@@ -150,7 +150,7 @@ class VersionLease:
     def observe(self, name: str) -> Seen:
         """Read the record of ``name`` (a free one if none) and stamp it with the local time."""
         name = check_name(name, "name")
-        sql = "SELECT owner, generation, version, duration FROM version_leases WHERE name = ?"
+        sql = "SELECT owner, generation, version, duration FROM version_leases WHERE name = $1"
         rows = execute(self.db, sql, (name,))
         return Seen(name, *(rows[0] if rows else (None, 0, 0, 0.0)), read_clock(self.clock))
 
@@ -197,7 +197,7 @@ class VersionLease:
                 "mine", f"must be the Seen of claim() or heartbeat(), got {mine!r}"[:120]
             )
         sql = f"""UPDATE version_leases SET {assignment}
-            WHERE name = ? AND owner = ? AND generation = ? RETURNING version"""
+            WHERE name = $1 AND owner = $2 AND generation = $3 RETURNING version"""
         with transaction(self.db):
             rows = execute(self.db, sql, (mine.name, mine.owner, mine.generation))
         if not rows:

@@ -147,7 +147,7 @@ def _done(team: Team, min_commits: int) -> bool:
     """Whether the run did its job: a holder frozen past its lease, a kill inside a
     transaction, and ``min_commits`` commits."""
     c = team.counts
-    lines = "SELECT count(*) FROM invoice_lines WHERE run = ?"
+    lines = "SELECT count(*) FROM invoice_lines WHERE run = $1"
     commits = team.query(lines, (team.run,))[0][0]
     return bool(c["freezes_past_lease"] and c["kills_in_tx"]) and commits >= min_commits
 
@@ -210,7 +210,7 @@ def _play(team: Team, plan, seconds: float, progress, killer, min_commits=0):
 
 
 def _progress(team: Team, now: float, seconds: float, stream) -> float:
-    commits = team.query("SELECT count(*) FROM invoice_lines WHERE run = ?", (team.run,))[0][0]
+    commits = team.query("SELECT count(*) FROM invoice_lines WHERE run = $1", (team.run,))[0][0]
     bar, c = "#" * int(30 * min(1.0, now / seconds)), team.counts
     stream.write(
         f"\r[{bar:30}] {now:5.1f}/{seconds:g} s  commits {commits}  "

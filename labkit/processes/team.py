@@ -136,7 +136,7 @@ class Team:
 
     def overtaken(self, generation: int) -> bool:
         """True once a write with a generation above ``generation`` has committed."""
-        sql = "SELECT max(generation) > ? FROM invoice_lines WHERE run = ?"
+        sql = "SELECT max(generation) > $1 FROM invoice_lines WHERE run = $2"
         return bool(self.query(sql, (generation, self.run))[0][0])
 
     def start(self, *names: str) -> Team:
@@ -248,18 +248,18 @@ class Team:
         for file in sorted(Path(self.run_dir, "journal").glob("*.jsonl")):  # whole lines only
             events += [Event(**json.loads(line)) for line in file.read_bytes().split(b"\n")[:-1]]
         columns = "time, worker, 'write', 'ok', generation, key, invoice_id"
-        rows = self.query(f"SELECT {columns} FROM invoice_lines WHERE run = ?", (self.run,))
+        rows = self.query(f"SELECT {columns} FROM invoice_lines WHERE run = $1", (self.run,))
         return sorted(events + [Event(*row) for row in rows], key=lambda e: e.time)
 
     def final(self) -> dict[str, int]:
         """The committed state: ``{invoice: generation}``."""
-        sql = "SELECT invoice_id, generation FROM invoices WHERE job_id = ?"
+        sql = "SELECT invoice_id, generation FROM invoices WHERE job_id = $1"
         return dict(self.query(sql, (JOB,)))
 
     def ledger(self) -> list[tuple[str, int, int]]:
         """Invoices whose amount is not the sum of their committed lines: (invoice, amount, sum)."""
         sql = """SELECT i.invoice_id, i.amount, COALESCE(SUM(l.amount), 0) FROM invoices AS i
-            LEFT JOIN invoice_lines AS l ON l.invoice_id = i.invoice_id WHERE i.job_id = ?
+            LEFT JOIN invoice_lines AS l ON l.invoice_id = i.invoice_id WHERE i.job_id = $1
             GROUP BY i.invoice_id HAVING i.amount != COALESCE(SUM(l.amount), 0) ORDER BY 1"""
         return self.query(sql, (JOB,))
 

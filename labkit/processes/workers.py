@@ -175,7 +175,7 @@ class Worker:
             except StaleGeneration:
                 self.note("raise", "rejected", generation)
                 return
-        sql = "SELECT invoice_id, amount FROM invoices WHERE job_id = ?"
+        sql = "SELECT invoice_id, amount FROM invoices WHERE job_id = $1"
         read = dict(execute(self.db, sql, (JOB,)))
         for invoice in INVOICES:  # the time is taken after the snapshot
             self.note("read", "ok", generation, target=invoice)
@@ -227,7 +227,11 @@ class Worker:
             upsert_invoice(conn, invoice, amount, generation)
             spec, columns = self.spec, "run, time, worker, key, invoice_id, amount, generation"
             row = (spec.run, now - spec.t0, spec.name, key, invoice, charge, generation)
-            execute(conn, f"INSERT INTO invoice_lines({columns}) VALUES (?, ?, ?, ?, ?, ?, ?)", row)
+            execute(
+                conn,
+                f"INSERT INTO invoice_lines({columns}) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                row,
+            )
             return amount
 
         def attempt():

@@ -92,7 +92,7 @@ def late_release(sim, *, protected, delay=12.0, ttl=10.0):
         if protected:
             release_with_token(w, lease, token)
             return
-        naive = "DELETE FROM leases WHERE name = ? AND owner = ? RETURNING name"  # no generation
+        naive = "DELETE FROM leases WHERE name = $1 AND owner = $2 RETURNING name"  # no generation
         with transaction(sim.database("authority")) as conn:
             gone = execute(conn, naive, (lease.name, lease.owner))
         w.record("release", "ok" if gone else "lost", generation=token, target=LEASE)

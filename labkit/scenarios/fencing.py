@@ -79,7 +79,7 @@ def check_then_act(sim, *, protected, gap=5.0, ttl=10.0):
         else:
             yield from w.wait_for_lock()
             with transaction(w.db) as conn:  # no condition: whatever the fence says now
-                execute(conn, "UPDATE job_fence SET generation = ? WHERE job_id = ?", (g, JOB))
+                execute(conn, "UPDATE job_fence SET generation = $1 WHERE job_id = $2", (g, JOB))
                 upsert_invoice(conn, "INV-1", amount(w, 100), g)
             w.record("raise", "ok", generation=g, target=JOB)
             w.record("write", "ok", generation=g, target="INV-1")
@@ -173,7 +173,7 @@ def same_generation_duplicate(sim, *, protected, repeats=2, ttl=10.0):
         made = []
 
         def effect(tx):
-            n = tx.execute("SELECT count(*) FROM invoices WHERE job_id = ?", (JOB,))[0][0]
+            n = tx.execute("SELECT count(*) FROM invoices WHERE job_id = $1", (JOB,))[0][0]
             made.append(f"INV-{n + 1}")
             upsert_invoice(tx.conn, made[-1], 420, generation)
             return made[-1]

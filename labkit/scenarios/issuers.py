@@ -85,7 +85,7 @@ def issuer_failover(sim, *, protected, lag=5.0, failover_at=2.0, pause=30.0, ttl
         sim.record("ops", "failover", target=f"primary lost, {lost} token(s) in flight")
         if lag > failover_at:  # A's grant at t=0 had not reached the replica either
             with transaction(sim.authority.db):
-                execute(sim.authority.db, "DELETE FROM leases WHERE name = ?", (LEASE,))
+                execute(sim.authority.db, "DELETE FROM leases WHERE name = $1", (LEASE,))
             sim.record("ops", "failover", target="A's lease lost with the primary")
         if protected:
             epoch = issuer.issuer().start_epoch(durable)

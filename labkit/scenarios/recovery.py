@@ -33,7 +33,9 @@ def crash_after_fence(
                 outcome = "ok" if produce(w.fence(), claim, unit, 100) else "duplicate"
             else:
                 with w.fence().guard(g) as tx:
-                    tx.execute("INSERT INTO invoices VALUES (?, ?, ?, ?)", (JOB, invoice, 100, g))
+                    tx.execute(
+                        "INSERT INTO invoices VALUES ($1, $2, $3, $4)", (JOB, invoice, 100, g)
+                    )
                 outcome = "ok"
         except StaleGeneration:
             return w.record("write", "rejected", generation=g, key=key, target=invoice).outcome
@@ -97,11 +99,13 @@ def crash_after_fence(
 def _naive_requeue(db, cutoff: float) -> list[tuple]:
     """The known-wrong sweeper: requeue every claim older than ``cutoff``, by age alone."""
     sql = """UPDATE claims SET owner = NULL, state = 'queued', version = version + 1
-             WHERE state = 'claimed' AND updated_at <= ? RETURNING generation"""
+             WHERE state = 'claimed' AND updated_at <= $1 RETURNING generation"""
     with transaction(db):
         return execute(db, sql, (cutoff,))
 
 
 def _naive_finish(db) -> None:
     with transaction(db):
-        execute(db, "UPDATE claims SET state = 'done', version = version + 1 WHERE job = ?", (JOB,))
+        execute(
+            db, "UPDATE claims SET state = 'done', version = version + 1 WHERE job = $1", (JOB,)
+        )

@@ -34,9 +34,11 @@ _HERD_VERDICT = (
 
 # stale_watch's queue: numbers from the lease's permanent counter, sessions kept by heartbeats.
 _NEXT_NUMBER = (
-    "UPDATE lease_counter SET generation = generation + 1 WHERE name = ? RETURNING generation"
+    "UPDATE lease_counter SET generation = generation + 1 WHERE name = $1 RETURNING generation"
 )
-_HEARTBEAT = "UPDATE waiters SET session_until = ? WHERE seq = ? AND session_until > ? RETURNING 1"
+_HEARTBEAT = (
+    "UPDATE waiters SET session_until = $1 WHERE seq = $2 AND session_until > $3 RETURNING 1"
+)
 
 
 @scenario
@@ -73,7 +75,7 @@ def herd(
     def log(name, woke, attempted=False, granted=False):  # a turn is a row, as it happens
         with transaction(db):
             row = (env.now, name, used, int(woke), int(attempted), int(granted))
-            execute(db, "INSERT INTO herd_log VALUES (?, ?, ?, ?, ?, ?)", row)
+            execute(db, "INSERT INTO herd_log VALUES ($1, $2, $3, $4, $5, $6)", row)
 
     def wake_next():
         if used == "watch" and queue:  # a release wakes only the next in line
@@ -150,7 +152,7 @@ def stale_watch(sim, *, protected, outage=6.0, session=3.0):
 
     def reaper():
         while env.now < 2.0 + outage + 12.0:
-            expired = "DELETE FROM waiters WHERE session_until <= ? RETURNING seq"
+            expired = "DELETE FROM waiters WHERE session_until <= $1 RETURNING seq"
             for (seq,) in sql(expired, env.now):
                 sim.record("authority", "notify", target=f"session of {seq} expired")
                 notify(seq)
@@ -160,7 +162,7 @@ def stale_watch(sim, *, protected, outage=6.0, session=3.0):
         """Take the next number, enter the queue with a new session, and keep that session alive."""
         with transaction(db):
             seq = execute(db, _NEXT_NUMBER, (LEASE,))[0][0]
-            execute(db, "INSERT INTO waiters VALUES (?, ?, ?)", (seq, w.name, env.now + session))
+            execute(db, "INSERT INTO waiters VALUES ($1, $2, $3)", (seq, w.name, env.now + session))
         env.process(heartbeats(w, seq))
         return seq
 
@@ -172,11 +174,11 @@ def stale_watch(sim, *, protected, outage=6.0, session=3.0):
     def take_turn(w, invoices, work=1.0):
         seq = join(w)
         while True:
-            mine = "SELECT 1 FROM waiters WHERE seq = ? AND session_until > ?"
+            mine = "SELECT 1 FROM waiters WHERE seq = $1 AND session_until > $2"
             if not execute(db, mine, (seq, env.now)):
                 seq = join(w)  # our session expired: join again, with a new number
                 continue
-            live = "SELECT max(seq) FROM waiters WHERE seq < ? AND session_until > ?"
+            live = "SELECT max(seq) FROM waiters WHERE seq < $1 AND session_until > $2"
             before = execute(db, live, (seq, env.now))[0][0]
             if before is None:  # the lowest live number: our turn
                 w.record("acquire", "ok", generation=seq, target=LEASE)
@@ -188,7 +190,7 @@ def stale_watch(sim, *, protected, outage=6.0, session=3.0):
             if how == "replayed" and not protected:
                 break  # a notification kept over the outage, taken as the turn
         yield from write_each(w, invoices, seq, fenced=protected, base=100, every=work)
-        left = sql("DELETE FROM waiters WHERE seq = ? RETURNING seq", seq)
+        left = sql("DELETE FROM waiters WHERE seq = $1 RETURNING seq", seq)
         w.record("release", "ok" if left else "lost", generation=seq, target=LEASE)
         notify(seq)
 

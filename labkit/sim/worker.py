@@ -232,7 +232,7 @@ class Worker:
 
     def read(self, invoices: Iterable[str]) -> None:
         """Read these invoices (never waiting, in WAL); record a ``read`` of each generation."""
-        sql = "SELECT invoice_id, generation FROM invoices WHERE job_id = ?"
+        sql = "SELECT invoice_id, generation FROM invoices WHERE job_id = $1"
         seen = dict(execute(self.db, sql, (JOB,)))
         for invoice in invoices:
             self.record("read", "ok", target=invoice, generation=seen.get(invoice))
