@@ -4,12 +4,23 @@
   :func:`labkit.grading.writers.fenced_trial` with batches.
 * 03.2 the two-database quiz: the answer key (in ``solutions/keys.json``), with a hint per
   wrong answer.
+* 03.3 protect a new resource: ``payouts``, whose writers bypass ``Fence.guard`` with raw SQL
+  from other connections; each write is judged by what the table and the fence show after it.
 """
 
 from __future__ import annotations
 
+from random import Random
+
+from labkit.clock import VirtualClock
+from labkit.db import execute
+from labkit.errors import LabkitError, StaleGeneration
+from labkit.fence import Fence, show, token
+from labkit.grading.lab import SCHEMA, lease_event, scratch
 from labkit.grading.writers import FENCED_HOSTILE, fenced_trial
-from labkit.grading import BOOL, Schedule, expect, keys, task
+from labkit.grading import BOOL, NONE, Schedule, expect, hostile, keys, task
+from labkit.lease import LeaseAuthority
+from labkit.sim.history import Event
 
 
 BATCH = {
@@ -56,7 +67,6 @@ QUIZ_HOSTILE = [
 def quiz_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 03.2: ``answer() -> {"q1": "a".."d", ...}``, one group of questions per
     schedule, judged by the key in solutions/ (the picks drawn as the answer's writes)."""
-    from labkit.sim.history import Event
 
     QUIZ, _HINTS = (keys("03.2")[part] for part in ("answers", "hints"))
     group = schedule.knobs["group"]
@@ -84,3 +94,191 @@ def quiz_check(answer, schedule: Schedule, history: list) -> None:
         "; ".join(f"{q}: think again about {_HINTS[q]}" for q in wrong),
         prop=group,
     )
+
+
+# ---------------------------------------------------------------- 03.3: protect a new resource
+
+PAY = "payout-run"
+PAYOUTS = (
+    "CREATE TABLE payouts (job_id TEXT NOT NULL, payout_id TEXT NOT NULL, amount INTEGER NOT "
+    "NULL, epoch INTEGER NOT NULL DEFAULT 0, counter INTEGER NOT NULL, PRIMARY KEY (job_id, "
+    "payout_id))"
+)
+GUARDED = {
+    "stale": "a bypassing INSERT whose token is below the job's fence (raised by Fence.guard for "
+    "another table) is refused and writes nothing, while the holder's newer row is kept",
+    "updates": "a bypassing UPDATE that gives a payout a token below the fence is refused and "
+    "changes nothing, while the holder's own UPDATE is kept",
+    "epochs": "tokens compare as (epoch, counter): after a failover the new holder's (2, 1) is "
+    "kept and the old holder's (1, n) is refused, however large n",
+    "forged": "a token above the last one this database's lease authority issued is refused and "
+    "leaves the fence alone, while the holder's issued token still passes",
+    "holder": "the holder's several rows with the token the fence holds are all kept, and its "
+    "newer row raises the fence, so that Fence.guard then refuses the older token",
+}
+GUARDED_HOSTILE = hostile("story", *((f"the {p} story: {w}", p) for p, w in GUARDED.items()))
+_INSERT = "INSERT INTO payouts VALUES (:job, :id, :amount, :epoch, :counter)"
+_UPDATE = (
+    "UPDATE payouts SET amount = :amount, epoch = :epoch, counter = :counter "
+    "WHERE job_id = :job AND payout_id = :id"
+)
+
+
+def _story(rng: Random) -> dict:
+    return {"story": rng.choice(list(GUARDED))}
+
+
+class _Payouts:
+    """03.3's world: ``payouts`` (token ``(epoch, counter)``) beside the job's fence and, in every
+    story but the failover's, its lease authority; writers bypass the fence with raw SQL."""
+
+    def __init__(self, tmp, rng: Random, story: str, history: list) -> None:
+        self.db, self.rng, self.prop, self.history, self.t = tmp.open(), rng, story, history, 0.0
+        self.writers = {w: tmp.open() for w in "ABF"}
+        self.fence, self.ids = Fence(self.db, PAY), 0
+        execute(self.db, PAYOUTS)
+
+    def log(self, who, action, outcome="ok", token=None, target=None) -> None:
+        self.t += 1.0
+        self.history.append(Event(self.t, who, action, outcome, token, target=target))
+
+    def state(self) -> tuple:
+        sql = "SELECT payout_id, amount, epoch, counter FROM payouts ORDER BY payout_id"
+        return tuple(execute(self.db, sql)), token(self.fence.current())
+
+    def new_id(self) -> str:
+        self.ids += 1
+        return f"P-{self.ids}"
+
+    def issued(self, generation: int) -> None:
+        """The lease authority in this database has issued up to ``generation``."""
+        execute(self.db, "INSERT INTO lease_counter VALUES (?, ?)", (PAY, generation))
+
+    def lease(self, who: str) -> int:
+        lease = LeaseAuthority(self.db, VirtualClock(self.t)).acquire(PAY, who, ttl=100.0)
+        lease_event(self.history, self.t, lease)
+        return lease.generation
+
+    def guard(self, who: str, gen, table: str = "invoices", n: int = 1) -> bool:
+        """``who`` writes ``n`` rows through the helper, ``Fence.guard(gen)``; whether it was accepted."""
+        before = self.fence.current()
+        try:
+            with self.fence.guard(gen) as tx:
+                for _ in range(n):
+                    i, amount = self.new_id(), self.rng.randrange(100, 990, 5)
+                    if table == "invoices":
+                        sql = "INSERT INTO invoices VALUES (?, ?, ?, ?)"
+                        tx.execute(sql, (PAY, i.replace("P", "INV"), amount, token(gen)[1]))
+                    else:
+                        tx.execute(
+                            _INSERT,
+                            dict(
+                                job=PAY,
+                                id=i,
+                                amount=amount,
+                                epoch=token(gen)[0],
+                                counter=token(gen)[1],
+                            ),
+                        )
+        except StaleGeneration:
+            self.log(who, "write", "rejected", gen, f"{table} via Fence.guard")
+            return False
+        self.log(who, "write", "ok", gen, f"{table} via Fence.guard")
+        if self.fence.current() != before:
+            self.log(who, "raise", "ok", self.fence.current(), PAY)
+        return True
+
+    def write(self, who: str, gen, kept: bool, payout: str | None = None) -> None:
+        """``who`` bypasses the fence: a raw INSERT (or an UPDATE of ``payout``) with token ``gen``,
+        judged by what the table and the fence show afterwards."""
+        (epoch, counter), amount = token(gen), self.rng.randrange(100, 990, 5)
+        payout, before = payout or self.new_id(), self.state()
+        params = dict(job=PAY, id=payout, amount=amount, epoch=epoch, counter=counter)
+        verb = "INSERT" if payout not in {row[0] for row in before[0]} else "UPDATE"
+        try:
+            execute(self.writers[who], _INSERT if verb == "INSERT" else _UPDATE, params)
+            out = "it was accepted"
+        except LabkitError as exc:
+            out = f"it was refused ({type(exc).__name__}: {str(exc)[:80]})"
+        after = self.state()
+        self.log(who, "write", "ok" if after[0] != before[0] else "rejected", gen, payout)
+        if after[1] != before[1]:
+            self.log(who, "raise", "ok", show(after[1]), PAY)
+        rows = {r[0]: r for r in before[0]} | {payout: (payout, amount, epoch, counter)}
+        want = tuple(sorted(rows.values())) if kept else before[0]
+        fence = show(before[1])
+        rule = f"{who}'s raw {verb} of {payout} with token {gen} (fence at {fence}) is " + (
+            "kept as written" if kept else "refused: the table and the fence stay as they were"
+        )
+        ok = after[0] == want and (kept or (after == before and out != "it was accepted"))
+        expect(
+            ok,
+            rule,
+            f"{out}; payouts {before[0]} -> {after[0]}, fence {show(after[1])}",
+            prop=self.prop,
+        )
+
+    def tell(self) -> None:
+        """The story of this schedule, each write judged as it happens."""
+        rng, g = self.rng, self.rng.randint(8, 40)
+        if self.prop == "stale":  # old payouts; the fence raised since through another table
+            old = g - rng.randint(3, 6)
+            self.issued(g), self.guard("A", old, "payouts"), self.guard("B", g)
+            yield
+            self.write("A", rng.randint(old + 1, g - 1), kept=False)
+            self.write("B", self.lease("B"), kept=True)
+        elif self.prop == "updates":
+            self.issued(g), self.guard("B", g, "payouts", n=2)
+            yield
+            self.write("A", g - rng.randint(1, 5), kept=False, payout="P-1")
+            self.write("B", self.lease("B"), kept=True, payout="P-2")
+        elif self.prop == "epochs":  # the issuer lives elsewhere, and fails over
+            c = rng.randint(5, 40)
+            self.guard("A", (1, c), "payouts")
+            yield
+            self.log("issuer", "failover", "ok", (2, 0), "epoch 2")
+            self.write("B", (2, 1), kept=True)
+            self.write("A", (1, c + rng.choice([0, rng.randint(1, 10**6)])), kept=False)
+        elif self.prop == "forged":
+            self.issued(g), self.guard("B", g)
+            yield
+            self.write("F", g + rng.choice([1, rng.randint(2, 10**9)]), kept=False)
+            self.write("B", self.lease("B"), kept=True)
+        else:  # the holder writes around the helper, several rows with its own token
+            self.issued(g), self.guard("B", g)
+            yield
+            for _ in range(rng.randint(2, 3)):
+                self.write("B", g, kept=True)
+            self.write("B", self.lease("B"), kept=True)
+            rose = self.fence.current() == g + 1 and not self.guard("A", g)
+            rule = f"B's row with {g + 1} raised the fence to it, so Fence.guard({g}) is refused"
+            expect(rose, rule, f"the fence is at {self.fence.current()}", prop=self.prop)
+
+
+@task(
+    "03.3",
+    "protect a new resource",
+    GUARDED_HOSTILE,
+    count=10,
+    make=_story,
+    returns=(NONE,),
+    properties=GUARDED,
+)
+def protect_check(answer, schedule: Schedule, history: list) -> None:
+    """Trial for 03.3: ``answer(db, job) -> None`` makes ``payouts`` refuse stale tokens from
+    writers that bypass ``Fence.guard``; the table and the fence are read after each write."""
+    with scratch() as tmp:
+        world = _Payouts(tmp, schedule.rng, schedule.knobs["story"], history)
+        story = world.tell()
+        next(story)  # the table in use, before the answer protects it
+        rows = world.state()[0]
+        SCHEMA[id(world.db.conn)] = frozenset({"payouts", "job_fence"})  # it may add triggers
+        try:
+            answer(world.db, PAY)
+        finally:
+            SCHEMA.pop(id(world.db.conn), None)
+        world.log("answer", "protect", "ok", target="payouts")
+        left = world.db.conn.in_transaction
+        expect(not left, "the answer ends its transaction", "it left one open", prop=world.prop)
+        expect(world.state()[0] == rows, "the answer changes no payout", f"{rows}", world.prop)
+        next(story, None)
