@@ -11,12 +11,13 @@
 from __future__ import annotations
 
 from random import Random
+from typing import Iterator
 
 from labkit.clock import VirtualClock
 from labkit.db import execute
 from labkit.errors import LabkitError, StaleGeneration
 from labkit.fence import Fence, show, token
-from labkit.grading.lab import SCHEMA, lease_event, scratch
+from labkit.grading.lab import TRIGGERS, lease_event, scratch
 from labkit.grading.writers import FENCED_HOSTILE, fenced_trial
 from labkit.grading import BOOL, NONE, Schedule, expect, hostile, keys, task
 from labkit.lease import LeaseAuthority
@@ -118,6 +119,7 @@ GUARDED = {
 }
 GUARDED_HOSTILE = hostile("story", *((f"the {p} story: {w}", p) for p, w in GUARDED.items()))
 _INSERT = "INSERT INTO payouts VALUES (:job, :id, :amount, :epoch, :counter)"
+_INVOICE = "INSERT INTO invoices VALUES (:job, :id, :amount, :counter)"
 _UPDATE = (
     "UPDATE payouts SET amount = :amount, epoch = :epoch, counter = :counter "
     "WHERE job_id = :job AND payout_id = :id"
@@ -134,7 +136,7 @@ class _Payouts:
 
     def __init__(self, tmp, rng: Random, story: str, history: list) -> None:
         self.db, self.rng, self.prop, self.history, self.t = tmp.open(), rng, story, history, 0.0
-        self.writers = {w: tmp.open() for w in "ABF"}
+        self.writers = {w: tmp.open() for w in ("A", "B", "F", "answer")}
         self.fence, self.ids = Fence(self.db, PAY), 0
         execute(self.db, PAYOUTS)
 
@@ -146,9 +148,12 @@ class _Payouts:
         sql = "SELECT payout_id, amount, epoch, counter FROM payouts ORDER BY payout_id"
         return tuple(execute(self.db, sql)), token(self.fence.current())
 
-    def new_id(self) -> str:
-        self.ids += 1
-        return f"P-{self.ids}"
+    def row(self, gen, payout: str | None = None) -> dict:
+        """A payout row with token ``gen``: a new one, or ``payout`` with a new amount."""
+        self.ids += payout is None
+        amount, (epoch, counter) = self.rng.randrange(100, 990, 5), token(gen)
+        return {"job": PAY, "id": payout or f"P-{self.ids}", "amount": amount, "epoch": epoch,
+                "counter": counter}  # fmt: skip
 
     def issued(self, generation: int) -> None:
         """The lease authority in this database has issued up to ``generation``."""
@@ -164,22 +169,10 @@ class _Payouts:
         before = self.fence.current()
         try:
             with self.fence.guard(gen) as tx:
-                for _ in range(n):
-                    i, amount = self.new_id(), self.rng.randrange(100, 990, 5)
+                for row in (self.row(gen) for _ in range(n)):
                     if table == "invoices":
-                        sql = "INSERT INTO invoices VALUES (?, ?, ?, ?)"
-                        tx.execute(sql, (PAY, i.replace("P", "INV"), amount, token(gen)[1]))
-                    else:
-                        tx.execute(
-                            _INSERT,
-                            dict(
-                                job=PAY,
-                                id=i,
-                                amount=amount,
-                                epoch=token(gen)[0],
-                                counter=token(gen)[1],
-                            ),
-                        )
+                        row["id"] = row["id"].replace("P", "INV")
+                    tx.execute(_INSERT if table == "payouts" else _INVOICE, row)
         except StaleGeneration:
             self.log(who, "write", "rejected", gen, f"{table} via Fence.guard")
             return False
@@ -191,10 +184,8 @@ class _Payouts:
     def write(self, who: str, gen, kept: bool, payout: str | None = None) -> None:
         """``who`` bypasses the fence: a raw INSERT (or an UPDATE of ``payout``) with token ``gen``,
         judged by what the table and the fence show afterwards."""
-        (epoch, counter), amount = token(gen), self.rng.randrange(100, 990, 5)
-        payout, before = payout or self.new_id(), self.state()
-        params = dict(job=PAY, id=payout, amount=amount, epoch=epoch, counter=counter)
-        verb = "INSERT" if payout not in {row[0] for row in before[0]} else "UPDATE"
+        params, before = self.row(gen, payout), self.state()
+        payout, verb = params["id"], "UPDATE" if payout else "INSERT"
         try:
             execute(self.writers[who], _INSERT if verb == "INSERT" else _UPDATE, params)
             out = "it was accepted"
@@ -204,21 +195,16 @@ class _Payouts:
         self.log(who, "write", "ok" if after[0] != before[0] else "rejected", gen, payout)
         if after[1] != before[1]:
             self.log(who, "raise", "ok", show(after[1]), PAY)
-        rows = {r[0]: r for r in before[0]} | {payout: (payout, amount, epoch, counter)}
+        mine = tuple(params[k] for k in ("id", "amount", "epoch", "counter"))
+        rows = {r[0]: r for r in before[0]} | {payout: mine}
         want = tuple(sorted(rows.values())) if kept else before[0]
-        fence = show(before[1])
-        rule = f"{who}'s raw {verb} of {payout} with token {gen} (fence at {fence}) is " + (
-            "kept as written" if kept else "refused: the table and the fence stay as they were"
-        )
+        rule = f"{who}'s raw {verb} of {payout} with token {gen} (fence at {show(before[1])}) is "
+        rule += "kept as written" if kept else "refused: the table and the fence stay as they were"
         ok = after[0] == want and (kept or (after == before and out != "it was accepted"))
-        expect(
-            ok,
-            rule,
-            f"{out}; payouts {before[0]} -> {after[0]}, fence {show(after[1])}",
-            prop=self.prop,
-        )
+        saw = f"{out}; payouts {before[0]} -> {after[0]}, fence {show(after[1])}"
+        expect(ok, rule, saw, prop=self.prop)
 
-    def tell(self) -> None:
+    def tell(self) -> Iterator[None]:
         """The story of this schedule, each write judged as it happens."""
         rng, g = self.rng, self.rng.randint(8, 40)
         if self.prop == "stale":  # old payouts; the fence raised since through another table
@@ -255,15 +241,8 @@ class _Payouts:
             expect(rose, rule, f"the fence is at {self.fence.current()}", prop=self.prop)
 
 
-@task(
-    "03.3",
-    "protect a new resource",
-    GUARDED_HOSTILE,
-    count=10,
-    make=_story,
-    returns=(NONE,),
-    properties=GUARDED,
-)
+@task("03.3", "protect a new resource", GUARDED_HOSTILE, count=10, make=_story, returns=(NONE,),
+      properties=GUARDED)  # fmt: skip
 def protect_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 03.3: ``answer(db, job) -> None`` makes ``payouts`` refuse stale tokens from
     writers that bypass ``Fence.guard``; the table and the fence are read after each write."""
@@ -271,14 +250,14 @@ def protect_check(answer, schedule: Schedule, history: list) -> None:
         world = _Payouts(tmp, schedule.rng, schedule.knobs["story"], history)
         story = world.tell()
         next(story)  # the table in use, before the answer protects it
-        rows = world.state()[0]
-        SCHEMA[id(world.db.conn)] = frozenset({"payouts", "job_fence"})  # it may add triggers
+        rows, lent = world.state()[0], world.writers["answer"]
+        TRIGGERS[id(lent.conn)] = frozenset({"payouts", "invoices", "job_fence"})  # it may add some
         try:
-            answer(world.db, PAY)
+            answer(lent, PAY)
         finally:
-            SCHEMA.pop(id(world.db.conn), None)
+            TRIGGERS.pop(id(lent.conn), None)
         world.log("answer", "protect", "ok", target="payouts")
-        left = world.db.conn.in_transaction
+        left = lent.conn.in_transaction
         expect(not left, "the answer ends its transaction", "it left one open", prop=world.prop)
         expect(world.state()[0] == rows, "the answer changes no payout", f"{rows}", world.prop)
         next(story, None)
