@@ -966,6 +966,9 @@ GUARD_WRONG = {
     "refuses the token the fence already holds": (
         _hand("(NEW.epoch, NEW.counter) < (SELECT epoch", "(NEW.epoch, NEW.counter) <= (SELECT epoch"),
         "is kept as written", "holder"),
+    "compares with the lease authority's last token, not the fence": (
+        _hand(_FENCE_ROW, "(SELECT 0, generation FROM lease_counter WHERE name = NEW.job_id)"),
+        "is kept as written", ("epochs", "holder")),
     "refuses but never raises the fence": (
         _hand('CHECKED, RAISED = ("INSERT", "UPDATE"), ("INSERT", "UPDATE")', 'CHECKED, RAISED = ("INSERT", "UPDATE"), ()'),
         "raised the fence", ("epochs", "holder")),

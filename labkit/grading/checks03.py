@@ -114,8 +114,9 @@ GUARDED = {
     "kept and the old holder's (1, n) is refused, however large n",
     "forged": "a token above the last one this database's lease authority issued is refused and "
     "leaves the fence alone, while the holder's issued token still passes",
-    "holder": "the holder's several rows with the token the fence holds are all kept, and its "
-    "newer row raises the fence, so that Fence.guard then refuses the older token",
+    "holder": "the holder's several rows with the token the fence holds are all kept, even once "
+    "a newer lease is issued, and the newer holder's row raises the fence, so that Fence.guard "
+    "then refuses the older token",
 }
 GUARDED_HOSTILE = hostile("story", *((f"the {p} story: {w}", p) for p, w in GUARDED.items()))
 _INSERT = "INSERT INTO payouts VALUES (:job, :id, :amount, :epoch, :counter)"
@@ -136,7 +137,7 @@ class _Payouts:
 
     def __init__(self, tmp, rng: Random, story: str, history: list) -> None:
         self.db, self.rng, self.prop, self.history, self.t = tmp.open(), rng, story, history, 0.0
-        self.writers = {w: tmp.open() for w in ("A", "B", "F", "answer")}
+        self.writers = {w: tmp.open() for w in ("A", "B", "C", "F", "answer")}
         self.fence, self.ids = Fence(self.db, PAY), 0
         execute(self.db, PAYOUTS)
 
@@ -230,14 +231,15 @@ class _Payouts:
             yield
             self.write("F", g + rng.choice([1, rng.randint(2, 10**9)]), kept=False)
             self.write("B", self.lease("B"), kept=True)
-        else:  # the holder writes around the helper, several rows with its own token
+        else:  # B writes around the helper with its own token, after C's newer lease is issued
             self.issued(g), self.guard("B", g)
             yield
+            newer = self.lease("C")  # the fence, not the issuer, decides: B's g is still current
             for _ in range(rng.randint(2, 3)):
                 self.write("B", g, kept=True)
-            self.write("B", self.lease("B"), kept=True)
-            rose = self.fence.current() == g + 1 and not self.guard("A", g)
-            rule = f"B's row with {g + 1} raised the fence to it, so Fence.guard({g}) is refused"
+            self.write("C", newer, kept=True)
+            rose = self.fence.current() == newer and not self.guard("B", g)
+            rule = f"C's row with {newer} raised the fence to it, so Fence.guard({g}) is refused"
             expect(rose, rule, f"the fence is at {self.fence.current()}", prop=self.prop)
 
 
