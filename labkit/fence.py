@@ -11,7 +11,6 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
-
 from labkit.db import Engine, check_db, check_name, ensure, execute, in_transaction, quote
 from labkit.db import transaction
 from labkit.errors import MAX_INT, BadArgument, BadArgumentType, LabkitError, StaleGeneration
@@ -188,11 +187,12 @@ def check_tx(tx, db, job: str | None) -> Tx:
 # parameters); the RAISE texts are fixed, and labkit.db turns them into labkit's errors.
 _OWN_TABLES = {"job_fence", "lease_counter", "leases", "idempotency_keys"}
 _ONCE = (
-    # the rows already there raise their jobs' fences to their highest token (never lowering one)
+    # the rows already there raise their jobs' fences to their highest token (only those above)
     """INSERT INTO job_fence(job_id, epoch, generation) SELECT job_id, e, g FROM (
         SELECT t.job_id, {rows} AS e, t.{column} AS g, row_number() OVER (PARTITION BY t.job_id
         ORDER BY {rows} DESC, t.{column} DESC) AS r FROM {table} AS t WHERE t.job_id IS NOT NULL
-        AND typeof(t.{column}) = 'integer' AND typeof({rows}) = 'integer') WHERE r = 1
+        AND typeof(t.{column}) = 'integer' AND typeof({rows}) = 'integer') AS x WHERE r = 1 AND
+        NOT EXISTS (SELECT 1 FROM job_fence WHERE job_id = x.job_id AND (epoch, generation) >= (e, g))
     ON CONFLICT(job_id) DO UPDATE SET epoch = excluded.epoch, generation = excluded.generation
     WHERE (excluded.epoch, excluded.generation) > (epoch, generation)""",
     # the fence rows themselves: never lower, never renamed or deleted, never replaced lower

@@ -901,6 +901,96 @@ def cleanup(conn, now):
 ''', "deletes every lease that has expired at now", None),
 }
 
+# --------------------------------------------------------------------- 03.3 protect a new resource
+#: hand-written triggers, as protect installs them; each wrong answer below changes one thing
+GUARD_HAND = '''
+import labkit
+
+CHECKED, RAISED = ("INSERT", "UPDATE"), ("INSERT", "UPDATE")
+CHECK = """CREATE TRIGGER payouts_check_{event} BEFORE {event} ON payouts BEGIN SELECT CASE
+    WHEN (NEW.epoch, NEW.counter) < (SELECT epoch, generation FROM job_fence WHERE job_id = NEW.job_id)
+        THEN RAISE(ABORT, 'stale token')
+    WHEN (NEW.epoch, NEW.counter) > (SELECT 0, generation FROM lease_counter WHERE name = NEW.job_id)
+        THEN RAISE(ABORT, 'token never issued')
+    END; END"""
+RAISE = """CREATE TRIGGER payouts_raise_{event} AFTER {event} ON payouts BEGIN
+    UPDATE job_fence SET epoch = NEW.epoch, generation = NEW.counter
+    WHERE job_id = NEW.job_id AND (epoch, generation) < (NEW.epoch, NEW.counter); END"""
+
+
+def protect_payouts(db, job):
+    labkit.Fence(db, job)  # the job's fence row
+    for event in CHECKED:
+        db.execute(CHECK.format(event=event))
+    for event in RAISED:
+        db.execute(RAISE.format(event=event))
+'''
+_FENCE_ROW = "(SELECT epoch, generation FROM job_fence WHERE job_id = NEW.job_id)"
+
+
+def _hand(old: str, new: str) -> str:
+    assert old in GUARD_HAND, old
+    return GUARD_HAND.replace(old, new, 1)
+
+
+GUARD_RIGHT = {
+    "Fence.protect on the token column": '''
+import labkit
+def protect_payouts(db, job):
+    labkit.Fence(db, job).protect("payouts", "counter")
+''',
+    "hand-written triggers, as protect installs them": GUARD_HAND,
+    "protect by keyword, the invoices too": '''
+from labkit import Fence
+def protect_payouts(db, job):
+    fence = Fence(db, job)
+    fence.protect(table="invoices")
+    fence.protect(table="payouts", column="counter")
+''',
+}
+
+GUARD_WRONG = {
+    "compares with the table's own newest row, not the fence": (_hand(
+        _FENCE_ROW, "(SELECT epoch, counter FROM payouts WHERE job_id = NEW.job_id "
+        "ORDER BY epoch DESC, counter DESC LIMIT 1)"), "is refused", "stale"),
+    "checks INSERT only, not UPDATE": (
+        _hand('CHECKED, RAISED = ("INSERT", "UPDATE"),', 'CHECKED, RAISED = ("INSERT",),'),
+        "raw UPDATE", "updates"),
+    "compares the counter alone, ignoring the epoch": (
+        _hand("(NEW.epoch, NEW.counter) < (SELECT epoch, generation", "NEW.counter < (SELECT generation"),
+        "(2, 1)", "epochs"),
+    "trusts any token: no check against the last one issued": (
+        _hand("    WHEN (NEW.epoch, NEW.counter) > (SELECT 0, generation FROM lease_counter WHERE name = "
+              "NEW.job_id)\n        THEN RAISE(ABORT, 'token never issued')\n", ""),
+        "F's raw INSERT", "forged"),
+    "refuses the token the fence already holds": (
+        _hand("(NEW.epoch, NEW.counter) < (SELECT epoch", "(NEW.epoch, NEW.counter) <= (SELECT epoch"),
+        "is kept as written", "holder"),
+    "compares with the lease authority's last token, not the fence": (
+        _hand(_FENCE_ROW, "(SELECT 0, generation FROM lease_counter WHERE name = NEW.job_id)"),
+        "is kept as written", ("epochs", "holder")),
+    "refuses but never raises the fence": (
+        _hand('CHECKED, RAISED = ("INSERT", "UPDATE"), ("INSERT", "UPDATE")', 'CHECKED, RAISED = ("INSERT", "UPDATE"), ()'),
+        "raised the fence", ("epochs", "holder")),
+    "raises the fence but refuses nothing": (
+        _hand('CHECKED, RAISED = ("INSERT", "UPDATE"), ("INSERT", "UPDATE")', 'CHECKED, RAISED = (), ("INSERT", "UPDATE")'),
+        "is refused", ("stale", "updates", "epochs", "forged")),
+    "protects the invoices instead": ('''
+import labkit
+def protect_payouts(db, job):
+    labkit.Fence(db, job).protect("invoices")
+''', "is refused", ("stale", "updates", "epochs", "forged", "holder")),
+    "protect's default column, which payouts does not have": ('''
+import labkit
+def protect_payouts(db, job):
+    labkit.Fence(db, job).protect("payouts")
+''', "has no column 'generation'", None),
+    "a constant: protects nothing": ('''
+def protect_payouts(db, job):
+    return None
+''', "is refused", None),
+}
+
 CORPUS = {
     "01.1": {"name": "find_lost_updates", "right": LOST_RIGHT, "wrong": LOST_WRONG},
     "01.2": {"name": "predict_overwrite", "right": PREDICT_RIGHT, "wrong": PREDICT_WRONG},
@@ -908,6 +998,7 @@ CORPUS = {
     "02.2": {"name": "charge_once", "right": ONCE_RIGHT, "wrong": ONCE_WRONG},
     "03.1": {"name": "record_batch", "right": BATCH_RIGHT, "wrong": BATCH_WRONG},
     "03.2": {"name": "split_database_answers", "right": QUIZ_RIGHT, "wrong": QUIZ_WRONG},
+    "03.3": {"name": "protect_payouts", "right": GUARD_RIGHT, "wrong": GUARD_WRONG},
     "04.1": {"name": "issue", "right": ISSUE_RIGHT, "wrong": ISSUE_WRONG},
     "04.2": {"name": "cleanup", "right": CLEANUP_RIGHT, "wrong": CLEANUP_WRONG},
 }

@@ -590,6 +590,24 @@ def test_protect_raises_each_fence_to_the_highest_epoch_pair_already_stored(sqli
     assert (Fence(db, "a").current(), Fence(db, "b").current()) == ((2, 3), 4)
 
 
+def test_a_second_table_whose_rows_are_below_the_fence_can_be_protected_later(sqlite_db):
+    """Once one table is protected, protecting another whose rows are at or below the fence (the job
+    moved on through the first) works: it lowers and raises no fence, and its stale rows are refused."""
+    db = sqlite_db
+    execute(db, EPOCH_TABLE)
+    execute(db, REPORT, ("job", "old", "", 0, 3))
+    fence = Fence(db, "job")
+    fence.protect("invoices")
+    with fence.guard(5) as tx:
+        tx.execute(INSERT, ("job", "INV-1", 100, 5))
+    fence.protect("reports")
+    assert fence.current() == 5
+    with pytest.raises(StaleGeneration):
+        execute(db, REPORT, ("job", "late", "", 0, 4))
+    execute(db, REPORT, ("job", "new", "", 0, 6))
+    assert fence.current() == 6
+
+
 def test_where_the_authority_lives_a_token_never_issued_is_refused(sqlite_db, clock):
     """The lease authority in the same file has issued 1..7: a bypassing writer's 10**9 (or 8, not yet
     issued) is refused and the fence stays; once 8 is issued, its holder writes."""

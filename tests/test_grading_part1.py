@@ -184,3 +184,28 @@ def test_an_answer_that_only_looks_busy_scores_nothing(task_id, head, body):
         report = labkit.grading.verdict(task_id, lambda: contextlib.nullcontext(answer), name)
         scored = report.total()[0] or any(f.scored for f in report.findings)
         assert not scored, f"run {report.run}: {report.text()}"
+
+
+@pytest.mark.parametrize("label, drawn", [
+    ("Fence.protect on the token column", [("A", "rejected"), ("B", "ok")]),
+    ("refuses the token the fence already holds", [("A", "rejected"), ("B", "ok")]),
+    ("protects the invoices instead", [("A", "ok")]),
+])
+def test_03_3_draws_each_bypassing_write_as_the_table_shows_it(label, drawn):
+    """03.3's stale story: A's raw stale INSERT and B's newer one are drawn as what the payouts
+    table shows afterwards, accepted ("ok") or refused, after the answer's protect call and the
+    helper's writes; with the wrong table protected, A's stale payout lands and the run stops there."""
+    import contextlib
+
+    entry, t = CORPUS["03.3"], labkit.grading.TASKS["03.3"]
+    kind = "right" if label in entry["right"] else "wrong"
+    answer = define(entry[kind][label] if kind == "right" else entry[kind][label][0], entry["name"])
+    schedule = next(s for s in t.schedules if s.knobs["story"] == "stale")
+    history = []
+    with contextlib.suppress(labkit.grading.Broken):
+        t.trial(answer, schedule, history)
+    raw = [i for i, e in enumerate(history) if e.action == "write" and e.target.startswith("P-")]
+    protect = next(i for i, e in enumerate(history) if e.action == "protect")
+    assert [(history[i].worker, history[i].outcome) for i in raw] == drawn, history
+    assert all(e.target.endswith("via Fence.guard") for e in history[:protect] if e.action == "write")
+    assert protect < raw[0], history

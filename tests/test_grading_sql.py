@@ -34,10 +34,11 @@ def conn():
     return c
 
 
-def refusal(conn, sql: str) -> list:
-    """What the allow-list refused of ``sql`` (empty: it let it run, or SQLite refused it first)."""
+def refusal(conn, sql: str, triggers=frozenset()) -> list:
+    """What the allow-list refused of ``sql`` (empty: it let it run, or SQLite refused it first),
+    with ``triggers`` the tables a task lets the answer put triggers on."""
     refused = []
-    conn.set_authorizer(policy.authorizer(refused))
+    conn.set_authorizer(policy.authorizer(refused, triggers))
     try:
         conn.execute(sql).fetchall()
     except sqlite3.DatabaseError:
@@ -85,6 +86,23 @@ def test_every_pragma_not_on_the_list_is_refused_in_any_case(conn):
                 if not allowed:
                     assert refused[0].startswith("pragma") and name.lower() in refused[0].lower(), sql
     assert refusal(conn, "PRAGMA table_info(crash_plan)")  # not even the shape of the judge's tables
+
+
+def test_triggers_only_where_a_task_grants_them_and_only_on_its_tables(conn):
+    """No task's answer may create a trigger, but 03.3's on the tables it names (in main): not on
+    another table, not TEMP; pragma_table_info and row_number, which Fence.protect reads, come
+    with the grant only."""
+    conn.execute("CREATE TABLE leases (name TEXT PRIMARY KEY)")
+    make = "CREATE {temp}TRIGGER t_{table} BEFORE INSERT ON {table} BEGIN SELECT 1; END"
+    protect = ("SELECT name FROM pragma_table_info('invoices')",
+               "SELECT row_number() OVER (ORDER BY amount) FROM invoices")
+    grant = frozenset({"invoices"})
+    for sql in (make.format(temp="", table="invoices"), *protect):
+        assert refusal(conn, sql), sql
+        assert not refusal(conn, sql, grant), sql
+    for table, temp in (("leases", ""), ("crash_plan", ""), ("invoices", "TEMP ")):
+        refused = refusal(conn, make.format(temp=temp, table=table), grant)
+        assert refused and refused[0].startswith(f"create {temp.lower()}trigger"), (table, refused)
 
 
 KINDS = {  # every statement kind the allow-list leaves out, with SQL that needs it

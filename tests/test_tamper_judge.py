@@ -11,6 +11,7 @@ a wrong answer when its route is closed, so it can pass only if the route is ope
 
 import pytest
 
+import corpus_part1
 from answers import judged, verdict_of
 
 RACY = """
@@ -29,6 +30,16 @@ def fenced_insert(conn, job, invoice_id, amount, generation):
         raise
     conn.execute(PREFIX + "COMMIT")
     return True
+"""
+PROTECT = """
+import labkit
+def protect_payouts(db, job):
+    labkit.Fence(db, job).protect("payouts", "counter")
+"""
+TRIGGER = """    try:
+        db.execute("CREATE {temp}TRIGGER t_mine BEFORE INSERT ON {table} BEGIN SELECT 1; END")
+    except Exception:
+        pass
 """
 PUBLISH = "def publish_report(generation, *, fence, files, outbox, mail, report, email):\n"
 CASES = {
@@ -77,6 +88,18 @@ def record_batch(conn, job, generation, invoices):
                      "VALUES (?, ?, ?, ?)", (job, invoice_id, amount, generation))
     return True
 ''',
+    }),
+    "03.3": ("protect_payouts", {  # 03.3's answer may create triggers, on its tables only
+        "adds a trigger on a table 03.3 does not grant (leases)": PROTECT + TRIGGER.format(
+            temp="", table="leases"),
+        "adds a TEMP trigger on payouts": PROTECT + TRIGGER.format(temp="TEMP ", table="payouts"),
+    }),
+    "02.2": ("charge_once", {  # no other task's answer may create one
+        "a right answer that also creates a trigger, which only 03.3 grants":
+            corpus_part1.CORPUS["02.2"]["right"][next(iter(corpus_part1.CORPUS["02.2"]["right"]))]
+            .replace("def charge_once(conn, ", "def charge_once(conn, *a, **k):\n"
+                     + TRIGGER.format(temp="", table="invoices").strip("\n").replace("db.", "conn.")
+                     + "\n    return _charge_once(conn, *a, **k)\ndef _charge_once(conn, ", 1),
     }),
     "06.1": ("release", {
         "shadows the trial's lease table with a TEMP copy": '''

@@ -126,7 +126,7 @@ class Sandbox(wire.Peer):
                 refused.append("slow")
             return 1 if refused or dying and dying() else 0
 
-        target.set_authorizer(authorizer(refused))
+        target.set_authorizer(authorizer(refused, lab.TRIGGERS.get(id(target), frozenset())))
         target.set_progress_handler(tick, 1 if dying else 1000)
         try:
             return wire.perform(target, what, args)

@@ -194,6 +194,9 @@ def between_statements(db, at: int, action):
 RIVAL: list[dict] = []
 #: the seed of the answer's own ``random`` in the schedule being run (see verdicts._run)
 LUCK: list[int] = []
+#: id(connection) -> the tables on which the answer's SQL on that connection may create triggers
+#: (a task that asks for them, 03.3: read through the module, as DYING is)
+TRIGGERS: dict[int, frozenset] = {}
 #: id(connection) -> whether its worker's process is dead (the judge's own progress handler,
 #: which bounds the answer's statements, keeps interrupting a dead worker's statements)
 DYING: dict[int, Callable[[], bool]] = {}

@@ -30,7 +30,7 @@ PRIVATE = ("crash_plan", "issued")
 #: code creates when an answer calls it), SQLite's sequence, and sqlite-utils' throwaway probes
 TABLES = frozenset(
     "charges claims done_units epoch_counter epochs files idempotency_keys invoice_lines invoices "
-    "job_fence lease_counter leases objects outbox repl_applied repl_log version_leases "
+    "job_fence lease_counter leases objects outbox payouts repl_applied repl_log version_leases "
     "sqlite_sequence".split()
 )
 #: the judge's triggers: only they read its crash plan, and no SQL of an answer's may name one (a
@@ -116,7 +116,7 @@ def lendable(value) -> bool:
     return not isinstance(value, type) and (type(value).__module__ or "").startswith("labkit.")
 
 
-def authorizer(refused: list):
+def authorizer(refused: list, triggers: frozenset = frozenset()):
     """The authorizer on a lent connection while an answer's SQL runs, an allow-list: row reads
     and writes of :data:`TABLES` in ``main``, SELECT, transactions and savepoints, the
     :data:`PRAGMAS` (busy_timeout only read), the :data:`FUNCTIONS`, and a CREATE TABLE of
@@ -124,7 +124,9 @@ def authorizer(refused: list):
     VACUUM, views, triggers, TEMP objects, virtual tables, renames, drops, ANALYZE and statistics
     tables, recursive queries, the judge's own tables) is refused: ``refused`` gets what, in words.
     The judge's triggers (:data:`JUDGES`) read the crash plan: the answer can make no trigger,
-    and the judge refuses any SQL of its that names one."""
+    and the judge refuses any SQL of its that names one. Where a task asks for triggers (03.3:
+    ``Fence.protect``), ``triggers`` names the tables the answer may create them on, in ``main``;
+    with them it may read ``pragma_table_info`` and call ``row_number``, as ``protect`` does."""
 
     def guard(action: int, first, second, database, trigger) -> int:
         if JUDGES.match(trigger or "") and action in ROWS | PLAIN:  # the crash plan's trigger
@@ -147,6 +149,9 @@ def authorizer(refused: list):
             or (table == "sqlite_master" and main)
             or (index and first.startswith("sqlite_autoindex_") and second in TABLES)
             or (drop and PROBE.fullmatch(name))
+            or (action == _A.SQLITE_CREATE_TRIGGER and main and second in triggers)
+            or (triggers and table == "pragma_table_info" and main)
+            or (triggers and action == _A.SQLITE_FUNCTION and name.lower() == "row_number")
         )
         if ok:
             return _A.SQLITE_OK
