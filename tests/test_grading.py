@@ -116,7 +116,7 @@ def test_an_empty_answer_scores_nothing(verdicts, task_id):
 @pytest.mark.parametrize("task_id", TASKS)
 def test_an_answer_that_does_nothing_scores_nothing_in_every_task(verdicts, task_id, label):
     """The identity, a constant of the task's return type, the input passed back, an empty body
-    (tests/corpus_nothing.py): no property of any of the 17 tasks holds for one, 0 points."""
+    (tests/corpus_nothing.py): no property of any task holds for one, 0 points."""
     report = verdicts[task_id, "nothing", label]
     assert not report.passed and report.total()[0] == 0, report.text()
 
