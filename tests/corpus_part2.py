@@ -444,7 +444,7 @@ def claim_quiet_lease(db, name, me, *, wait):
                           "RETURNING generation", (me, name, version))
     return won[0][0] if won else None
 ''', "moved during the wait", ("unchanged version", "reconnect")),
-    "retries until it wins": (f'''
+    "retries until it wins (a live holder: it never returns)": (f'''
 from labkit.db import execute, transaction
 
 def claim_quiet_lease(db, name, me, *, wait):
@@ -458,7 +458,7 @@ def claim_quiet_lease(db, name, me, *, wait):
                               "RETURNING generation", (me, name, version))
         if won:
             return won[0][0]
-''', "moved during the wait", "unchanged version"),
+''', "waits past 12 durations", None),
     "constant None": ('''
 def claim_quiet_lease(db, name, me, *, wait):
     return None

@@ -38,7 +38,7 @@ class _World:
         self.leases, self.mine, self.clock, self.history, self.d = leases, mine, clock, history, d
         self.signs: list[tuple] = []  # A's heartbeats: (time, landed, injected, at statement)
         self.beats: list[float] = []  # when A heartbeats while the call runs
-        self.drop_at, self.runaway, self.alive, self.tracer = None, False, True, None
+        self.drop_at, self.alive, self.tracer = None, True, None
         self.start()
 
     def start(self) -> None:
@@ -81,7 +81,6 @@ class _World:
             raise ValueError(f"wait() takes a number of seconds, got {seconds!r}")
         self.calls, start = self.calls + 1, self.clock.now()
         if self.total + seconds > LIMIT * self.d or self.calls > 200:
-            self.runaway = True
             raise RuntimeError(f"the judge stops a call that waits past {LIMIT} durations")
         self.asked, end = max(self.asked, seconds), start + seconds
         cut = self.drop_at is not None and start <= self.drop_at < end
@@ -101,12 +100,7 @@ class _World:
 
     def call(self, answer, db, name: str) -> dict:
         """Call the answer once; what it did: its result, claim, waits and drops."""
-        try:
-            got = answer(db, name, "B", wait=lambda seconds: self.wait(seconds))
-        except Exception:
-            if not self.runaway:
-                raise
-            got = None
+        got = answer(db, name, "B", wait=lambda seconds: self.wait(seconds))
         self.look()
         if self.claim is None and self.total:
             self.history.append(Event(self.clock.now(), "B", "acquire", "held", target=name))
@@ -193,13 +187,13 @@ def version_wait_check(answer, schedule: Schedule, history: list) -> None:
             tracer.before(k["inject_at"], lambda: _attempt(world))
         try:
             calls = [world.call(answer, db, name)]
-            if calls[0]["c"] is None and story in (*LIVE, "race") and not world.runaway:
+            if calls[0]["c"] is None and story in (*LIVE, "race"):
                 world.beats, world.drop_at, tracer.action = [], None, None  # A stops for good
                 world.start()
                 calls.append(world.call(answer, db, name))
         finally:
             db.conn.set_trace_callback(None)
-        if alive and world.beats and not world.runaway:  # A goes on: its next heartbeat
+        if alive and world.beats:  # A goes on: its next heartbeat
             clock.advance(max(0.0, world.beats[0] - clock.now()))
             world.beat()
         _judge(world, story, calls, before, execute(other, ROWS), g, v, name)
@@ -230,7 +224,6 @@ def _judge(world: _World, story: str, calls: list, before, after, g: int, v: int
     d, full, first, last = world.d, world.d * (1 - TOL), calls[0], calls[-1]
     row = next((r for r in after if r[0] == name), None)
     blamed = {_blame(world, x["c"]) for x in calls if x["steal"]}
-    blamed |= {"unchanged version"} if world.runaway else set()
     won = last["c"] is not None and not last["steal"]  # the last call claimed, in time
     checks = [(prop, prop not in blamed, RULES[prop], DETAILS[prop].format(d=d, ran=x["run"]),
                acted) for prop, acted, x in (
@@ -239,15 +232,15 @@ def _judge(world: _World, story: str, calls: list, before, after, g: int, v: int
         ("race", story == "race" and won, last),
         ("reconnect", story == "drop_live" and first["dropped"] and won, first),
     )]  # fmt: skip
-    if story == "drop_dies" and first["dropped"] and not first["steal"] and not world.runaway:
+    if story == "drop_dies" and first["dropped"] and not first["steal"]:
         checks.append(("reconnect", won, "after a dropped wait, B reads the record again, waits "
                        "a whole quiet duration from there, and claims",
                        f"B returned {first['got']!r}; A's last heartbeat came before the drop", True))  # fmt: skip
-    if story == "quiet" and not world.runaway:
+    if story == "quiet":
         checks.append(("claims", first["c"] is not None, "a lease whose holder stays quiet for a "
                        "whole duration is claimed", f"B returned {first['got']!r}, left {row}", True))  # fmt: skip
     for x in calls:
-        if x["c"] is None and not world.runaway:
+        if x["c"] is None:
             checks.append(("claims", x["got"] is None, "B returns None when it did not claim",
                            f"it returned {x['got']!r}", False))  # fmt: skip
     if last["c"] is not None:
@@ -281,8 +274,7 @@ RULES = {
 DETAILS = {
     "full duration": "B claimed after {ran:.6g} s of unbroken waiting; the duration is {d:g} s, "
     "and A heartbeated less than that before",
-    "unchanged version": "B claimed although A heartbeated less than {d:g} s before (or it "
-    "kept waiting to win)",
+    "unchanged version": "B claimed although A heartbeated less than {d:g} s before",
     "race": "A heartbeated after B's last read of the record, and B overwrote it anyway",
     "reconnect": "B claimed {ran:.6g} s after its wait dropped, with A alive",
 }
