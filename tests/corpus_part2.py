@@ -325,6 +325,146 @@ def backoff(attempt, *, base, cap, rng):
 ''', "every delay lies in", None),
 }
 
+# --------------------------------------------------------------------- 06.3 version wait
+_SEEN = 'SELECT version, duration FROM version_leases WHERE name = ?'
+_CLAIM = '''
+    with transaction(db):
+        won = execute(db, """UPDATE version_leases
+                             SET owner = ?, generation = generation + 1, version = version + 1
+                             WHERE name = ? AND version = ? RETURNING generation""",
+                      (me, name, version))
+    return won[0][0] if won else None
+'''
+_WAITED = f'''
+from labkit.db import execute, transaction
+
+def claim_quiet_lease(db, name, me, *, wait):
+    while True:
+        version, duration = execute(db, "{_SEEN}", (name,))[0]
+        if wait(WAIT):
+            break
+''' + _CLAIM
+
+VERSION_RIGHT = {
+    "rowcount, owner and generation checked too": '''
+from labkit.db import execute, rowcount
+
+def claim_quiet_lease(db, name, me, *, wait):
+    seen = None
+    while seen is None:
+        owner, generation, version, duration = execute(
+            db, "SELECT owner, generation, version, duration FROM version_leases WHERE name = ?",
+            (name,))[0]
+        seen = (owner, generation, version) if wait(duration) else None
+    n = rowcount(db, """UPDATE version_leases
+                        SET owner = :me, generation = generation + 1, version = version + 1
+                        WHERE name = :name AND owner IS :owner AND generation = :g AND version = :v""",
+                 {"me": me, "name": name, "owner": owner, "g": generation, "v": version})
+    return generation + 1 if n == 1 else None
+''',
+    "waits in quarters, starting over from a fresh read after a drop": _WAITED.replace(
+        "if wait(WAIT):", "if all(wait(duration / 4) for _ in range(4)):"),
+    "compares again under BEGIN IMMEDIATE (the lock keeps the world still)": f'''
+from labkit.db import execute, transaction
+
+def claim_quiet_lease(db, name, me, *, wait):
+    seen, duration = execute(db, "{_SEEN}", (name,))[0]
+    while not wait(duration):  # dropped: read again, and wait a whole duration from there
+        seen, duration = execute(db, "{_SEEN}", (name,))[0]
+    with transaction(db):
+        (now,) = execute(db, "SELECT version FROM version_leases WHERE name = ?", (name,))[0]
+        if now != seen:
+            return None
+        execute(db, "UPDATE version_leases SET owner = ?, generation = generation + 1, "
+                    "version = version + 1 WHERE name = ?", (me, name))
+        return execute(db, "SELECT generation FROM version_leases WHERE name = ?", (name,))[0][0]
+''',
+}
+
+VERSION_WRONG = {
+    "a wait capped at 30 s": (_WAITED.replace("WAIT", "min(duration, 30)"), "unbroken wait",
+                              "full duration"),
+    "ignores a dropped wait": (f'''
+from labkit.db import execute, transaction
+
+def claim_quiet_lease(db, name, me, *, wait):
+    version, duration = execute(db, "{_SEEN}", (name,))[0]
+    wait(duration)
+''' + _CLAIM, "after a dropped wait", "reconnect"),
+    "after a drop, waits again without reading again": (f'''
+from labkit.db import execute, transaction
+
+def claim_quiet_lease(db, name, me, *, wait):
+    version, duration = execute(db, "{_SEEN}", (name,))[0]
+    while not wait(duration):
+        pass
+''' + _CLAIM, "after a dropped wait", "reconnect"),
+    "gives up after a dropped wait": (f'''
+from labkit.db import execute, transaction
+
+def claim_quiet_lease(db, name, me, *, wait):
+    version, duration = execute(db, "{_SEEN}", (name,))[0]
+    if not wait(duration):
+        return None
+''' + _CLAIM, "after a dropped wait", "reconnect"),
+    "reads the version again after the wait and claims on that": (_WAITED.replace(
+        "WAIT", "duration").replace("    with transaction(db):\n", """    with transaction(db):
+        (version,) = execute(db, "SELECT version FROM version_leases WHERE name = ?", (name,))[0]
+"""), "moved during the wait", "unchanged version"),
+    "claims by name after the wait (no version check)": (_WAITED.replace("WAIT", "duration")
+        .replace("WHERE name = ? AND version = ?", "WHERE name = ?").replace("(me, name, version)", "(me, name)"),
+        "moved during the wait", ("unchanged version", "race")),
+    "reads again, compares in Python, then writes by name": (f'''
+from labkit.db import execute
+
+def claim_quiet_lease(db, name, me, *, wait):
+    while True:
+        version, duration = execute(db, "{_SEEN}", (name,))[0]
+        if wait(duration):
+            break
+    (now,) = execute(db, "SELECT version FROM version_leases WHERE name = ?", (name,))[0]
+    if now != version:
+        return None
+    won = execute(db, "UPDATE version_leases SET owner = ?, generation = generation + 1, "
+                      "version = version + 1 WHERE name = ? RETURNING generation", (me, name))
+    return won[0][0] if won else None
+''', "between the claim's statements", "race"),
+    "bumps the version, not the generation": (_WAITED.replace("WAIT", "duration").replace(
+        "SET owner = ?, generation = generation + 1, version", "SET owner = ?, version"),
+        "next generation", "claims"),
+    "holds the write lock through the wait": (f'''
+from labkit.db import execute, transaction
+
+def claim_quiet_lease(db, name, me, *, wait):
+    with transaction(db):  # nobody can change the record while we wait... nor heartbeat
+        version, duration = execute(db, "{_SEEN}", (name,))[0]
+        wait(duration)
+        won = execute(db, "UPDATE version_leases SET owner = ?, generation = generation + 1, "
+                          "version = version + 1 WHERE name = ? AND version = ? "
+                          "RETURNING generation", (me, name, version))
+    return won[0][0] if won else None
+''', "moved during the wait", ("unchanged version", "reconnect")),
+    "retries until it wins (a live holder: it never returns)": (f'''
+from labkit.db import execute, transaction
+
+def claim_quiet_lease(db, name, me, *, wait):
+    while True:
+        version, duration = execute(db, "{_SEEN}", (name,))[0]
+        if not wait(duration):
+            continue
+        with transaction(db):
+            won = execute(db, "UPDATE version_leases SET owner = ?, generation = generation + 1, "
+                              "version = version + 1 WHERE name = ? AND version = ? "
+                              "RETURNING generation", (me, name, version))
+        if won:
+            return won[0][0]
+''', "waits past 12 durations", None),
+    "constant None": ('''
+def claim_quiet_lease(db, name, me, *, wait):
+    return None
+''', "is claimed", None),
+}
+
 # --------------------------------------------------------------------- 07.1 sweeper
 SWEEP_RIGHT = {
     "one conditional UPDATE ... RETURNING for all of them": '''
@@ -804,6 +944,7 @@ CORPUS = {
     "05.2": {"name": "keep_working", "right": HOLDER_RIGHT, "wrong": HOLDER_WRONG},
     "06.1": {"name": "release", "right": RELEASE_RIGHT, "wrong": RELEASE_WRONG},
     "06.2": {"name": "backoff", "right": BACKOFF_RIGHT, "wrong": BACKOFF_WRONG},
+    "06.3": {"name": "claim_quiet_lease", "right": VERSION_RIGHT, "wrong": VERSION_WRONG},
     "07.1": {"name": "sweep", "right": SWEEP_RIGHT, "wrong": SWEEP_WRONG},
     "07.2": {"name": "run_job", "right": RESUME_RIGHT, "wrong": RESUME_WRONG},
     "08.1": {"name": "relay", "right": RELAY_RIGHT, "wrong": RELAY_WRONG},

@@ -48,6 +48,42 @@ def test_a_release_that_deleted_before_the_takeover_is_drawn_before_it():
     assert [(e.worker, e.action, e.outcome) for e in history][-2:] == [("A", "release", "ok"), ("B", "acquire", "ok")]
 
 
+def _after_claim(history) -> list:
+    """What A did after B's claim: its heartbeats that B's claim refused show two holders."""
+    claimed = next(i for i, e in enumerate(history) if (e.worker, e.action, e.outcome) == ("B", "acquire", "ok"))
+    return [(e.worker, e.action, e.outcome) for e in history[claimed + 1:] if e.worker == "A"]
+
+
+def test_claiming_right_after_a_dropped_wait_really_takes_a_live_lease():
+    """06.3 reconnect: B's wait drops before A's next heartbeat; claiming at once takes the record
+    while A is alive (A's next heartbeat is refused). Reading again and waiting a whole duration
+    sees A's heartbeat: the first call claims nothing, and after A stops a second call claims."""
+    row = "B's wait drops; A is alive, its next heartbeat still to come"
+    wrong = CORPUS["06.3"]["wrong"]["ignores a dropped wait"][0]
+    broken, history = _trial("06.3", wrong, "claim_quiet_lease", row)
+    assert broken == "reconnect" and _after_claim(history) == [("A", "renew", "lost")], history
+    right = CORPUS["06.3"]["right"]["waits in quarters, starting over from a fresh read after a drop"]
+    broken, history = _trial("06.3", right, "claim_quiet_lease", row)
+    first = [(e.action, e.outcome) for e in history if e.worker == "B" and e.action in ("response", "acquire")]
+    assert broken is None and first == [("response", "lost"), ("acquire", "held"), ("acquire", "ok")], history
+    assert ("A", "renew", "ok") in [(e.worker, e.action, e.outcome) for e in history] and not _after_claim(history)
+
+
+def test_a_heartbeat_between_the_read_and_the_write_really_loses_to_a_python_compare():
+    """06.3 race: A's heartbeat lands between B's second read and its UPDATE by name; B takes
+    the record at the instant A renewed it. A conditional UPDATE refuses, and claims in a later call."""
+    row = "A heartbeats just before the claim's 3rd statement, and each later one"
+    wrong = CORPUS["06.3"]["wrong"]["reads again, compares in Python, then writes by name"][0]
+    broken, history = _trial("06.3", wrong, "claim_quiet_lease", row)
+    renewed = [e.time for e in history if (e.worker, e.action, e.outcome) == ("A", "renew", "ok")]
+    claimed = [e.time for e in history if (e.worker, e.action, e.outcome) == ("B", "acquire", "ok")]
+    assert broken == "race" and claimed and claimed[0] == renewed[-1], history
+    right = CORPUS["06.3"]["right"]["rowcount, owner and generation checked too"]  # its 2nd: the UPDATE
+    broken, history = _trial("06.3", right, "claim_quiet_lease", "A heartbeats just before the claim's 2nd statement")
+    outcomes = [e.outcome for e in history if e.worker == "B" and e.action == "acquire"]
+    assert broken is None and outcomes == ["held", "ok"], history  # refused, then claimed after A stopped
+
+
 def test_the_holder_counting_from_arrival_really_acts_after_b_took_over():
     """05.2: with 6-8 s answers, the arrival-counting holder writes while B holds the lease; the right one never does."""
     wrong = CORPUS["05.2"]["wrong"]["deadline counted from the response's arrival"][0]

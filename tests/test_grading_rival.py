@@ -80,6 +80,7 @@ WRAPPERS = {
 RACY = {  # a wrong answer per task that loses a race the judge puts at a statement boundary
     "02.1": "check-then-act: read, compare in Python, write unconditionally",
     "04.2": "read, then delete by name and owner (a re-acquire lands in between)",
+    "06.3": "reads again, compares in Python, then writes by name",  # a heartbeat lands in between
 }
 
 

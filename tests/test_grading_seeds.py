@@ -18,12 +18,14 @@ from answers import define, judged
 from labkit.grading import Broken, tasks_loaded, verdicts
 
 CORPUS = {**corpus_part1.CORPUS, **corpus_part2.CORPUS}
-#: a few answers per kind of input: pure numbers (01.2, 05.1), an rng passed in (06.2), a race (02.1)
+#: a few answers per kind of input: pure numbers (01.2, 05.1), an rng passed in (06.2), a race (02.1),
+#: a callback that waits on the judge's clock (06.3)
 PICKED = {
     "01.2": ["thinks a longer lease is safe", "the tie goes the wrong way (>=)"],
     "05.1": ["ignores drift", "drift taken as seconds, not a fraction"],
     "06.2": ["no jitter", "equal jitter (half fixed, half random)"],
     "02.1": ["check-then-act: read, compare in Python, write unconditionally"],
+    "06.3": ["ignores a dropped wait", "reads again, compares in Python, then writes by name"],
 }
 SEEDS = 3  # OS-drawn seeds per answer
 

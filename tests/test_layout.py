@@ -49,7 +49,8 @@ def test_line_budgets_hold():
     print(f"{'outside grading/engines':>12} {outside:6}")
     assert found["core"] <= 915  # 900, and binding the $1, $2, ... that both engines read (#25)
     assert outside <= 6500
-    assert found["grading"] + found["judge"] + found["scoring"] <= 6500  # two graded tasks added by issue 24 (06.3, 03.3)
+    # two graded tasks added by issue 24 (06.3, 03.3)
+    assert found["grading"] + found["judge"] + found["scoring"] <= 6500
     assert all(found[name] <= 12 for name in COMMANDS)
 
 

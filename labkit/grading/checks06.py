@@ -4,6 +4,7 @@
   and B taking over between the release's SQL statements.
 * 06.2 jittered exponential backoff: range, full jitter, growth up to the cap, and
   independence from the global ``random``.
+* 06.3, the version-wait protocol, is checked in :mod:`labkit.grading.checks06b`.
 
 Each trial judges all its properties of a call together (:func:`_in_turn`), so that one
 property broken everywhere does not hide the others.
