@@ -174,11 +174,12 @@ def _resume_knobs(rng: Random) -> dict:
 
 
 RESUME_HOSTILE = hostile(
-    "units every dies_after statement takeover",
+    "units every dies_after statement takeover ahead",
     ("B dies just after its 4th invoice commits, before the checkpoint catches up", 6, 3, 4, 0),
     ("B dies just after its 2nd invoice commits", 5, 4, 2, 0),
     ("B dies at its 3rd SQL statement", 4, 2, 0, 3),
     ("nobody dies", 7, 3, 0, 0),
+    ("B dies once its progress runs ahead of the invoices it issued", 6, 3, 0, 0, 0, 1),
     ("B pauses after its 1st invoice; C (8) takes the job over; stale B wakes up", 6, 3, 0, 0, 1),
     ("B pauses after its 2nd invoice; C (8) takes the job over; stale B wakes up", 5, 4, 0, 0, 2),
 )
@@ -268,8 +269,10 @@ def resume_check(answer, schedule: Schedule, history: list) -> None:
                     count["logged"] = count["mark"] = log(owner, count["logged"])
                     take_over(count)
                 count["after"] += "C" in count
+                ahead = owner == "B" and word == "BEGIN" and k.get("ahead")  # its checkpoint
+                ahead = ahead and desk.get(job).progress > claim.progress + done  # ran ahead
                 return (statement and count["sql"] >= statement) or (
-                    dies_after and done >= dies_after
+                    dies_after and done >= dies_after or ahead
                 )
 
             mine = Claims(conn, clock)
