@@ -17,7 +17,7 @@ import contextlib
 import os
 import re
 import sqlite3
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from labkit.errors import BadArgument, BadArgumentType, Busy, LabkitError, StaleGeneration
 from labkit.errors import check_number
@@ -121,7 +121,7 @@ def _run(db, sql: str, params: Any) -> tuple[list[tuple], int]:
     if not isinstance(sql, str):
         raise BadArgumentType("sql", f"must be a str, got {type(sql).__name__}")
     try:
-        if isinstance(params, (list, tuple)) and "$" in sql:
+        if "$" in sql and isinstance(params, Sequence) and not isinstance(params, (str, bytes)):
             params = _by_number(sql, params, isinstance(conn, Engine))
         with contextlib.closing(conn.execute(sql, params)) as cursor:
             return cursor.fetchall(), cursor.rowcount
@@ -131,10 +131,13 @@ def _run(db, sql: str, params: Any) -> tuple[list[tuple], int]:
         raise _translate(exc, conn, params) from exc
 
 
-def _by_number(sql: str, params: list | tuple, engine: bool) -> Any:
-    """``params`` for ``sql``'s ``$1, $2, ...``, one value each: by position (an engine) or by
-    SQLite's names for them ("1", "2", ...); as given if ``sql`` has none."""
-    most = max(map(int, re.findall(r"\$(\d+)", sql)), default=0)
+#: what holds no parameter: quoted text and names, dollar-quoted bodies, comments
+_TEXT = re.compile(r"""'(?:[^']|'')*'|"(?:[^"]|"")*"|(\$(?:[A-Za-z_]\w*)?\$).*?\1|--[^\n]*""", re.S)
+
+
+def _by_number(sql: str, params: Sequence, engine: bool) -> Any:
+    """``params`` for ``sql``'s ``$1, $2, ...``: by position (an engine), or by SQLite's names."""
+    most = max(map(int, re.findall(r"(?<![\w$])\$(\d+)", _TEXT.sub(" ", sql))), default=0)
     if most and len(params) != most:
         raise BadArgument("params", f"{len(params)} values for the placeholders $1..${most}")
     return params if engine or not most else {str(i): value for i, value in enumerate(params, 1)}

@@ -144,3 +144,16 @@ def test_the_shortest_failing_boundary_is_reported_and_replays(scored):
     assert result.params["at"] == stale.knobs["at"]
     writes = [(e.worker, e.generation) for e in result.history if e.action == "write"]
     assert ("B", 8) in writes and writes.index(("B", 8)) < writes.index(("A", 7)), writes
+
+
+def test_a_call_whose_statements_vary_by_schedule_is_raced_where_its_own_rival_came():
+    """The padding count comes from the answer's own random, seeded per schedule, so the race
+    rows before an ``each`` row met other statements than it does. Under run 2449547475 the old
+    enumeration took the row's first boundaries as raced by those rows and skipped the one that
+    mattered (12 of 100 padded gradings escaped with 10/10); each boundary is now tried where a
+    rival of the call's own schedule came."""
+    name, bare = CORPUS["04.2"]["name"], CORPUS["04.2"]["wrong"][RACY["04.2"]][0]
+    padded = bare + WRAPPERS["pads a random count (0-20) first"].replace("{name}", name)
+    got = judged("04.2", name, {"bare": bare, "padded": padded}, run=2449547475)
+    assert got["bare"].total()[0] == 8.0 and got["padded"].total()[0] <= 8.0, got["padded"].text()
+    assert "live kept" in {f.prop for f in got["padded"].findings if f.broken}, got["padded"].text()

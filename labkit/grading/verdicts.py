@@ -205,8 +205,9 @@ def _later(t: Task, rows: tuple, schedule, rival: dict, fronts: dict) -> list:
     front = fronts.setdefault(row.seed, {"found": [], "tried": set(), "next": 1})
     front["tried"].add(schedule.knobs[key])
     front["found"] += [k for k in rival.get("keys", []) if k not in front["found"]]
-    if schedule is row:
-        front["tried"].update(front["found"][: row.knobs[key]])  # the rows before it raced those
+    if schedule is row:  # tried: only the boundary its own rival came to; the rows before it
+        # may have met other statements (a call whose statements vary with its own random)
+        front["tried"].update(rival.get("keys", [])[-1:] if rival.get("came") else [])
         return [_boundary(t, row, front, "end")] if rival.get("came") else []
     todo = [k for k in front["found"] if k not in front["tried"]]
     if todo and len(front["tried"]) > BOUNDARIES:
@@ -241,7 +242,8 @@ def schedule_of(t: Task, seed: int, probe=None, run: int | None = None):
         return row
     front = {"found": [], "tried": set(), "next": 1}
     found = probe(row) if probe and seed // SPREAD > 1 else []
-    untried = ["end"] + found[row.knobs[row.knobs["each"]] :]
+    raced = found[row.knobs[row.knobs["each"]] - 1 : row.knobs[row.knobs["each"]]]
+    untried = ["end"] + [k for k in found if k not in raced]
     if seed // SPREAD > len(untried):
         raise BadArgument("seed", f"seed {seed}: the call reaches {len(found)} boundaries")
     front["next"] = seed // SPREAD
