@@ -14,6 +14,7 @@ errors here, or in an engine's handle.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import sqlite3
@@ -122,7 +123,10 @@ def _run(db, sql: str, params: Any) -> tuple[list[tuple], int]:
         raise BadArgumentType("sql", f"must be a str, got {type(sql).__name__}")
     try:
         if "$" in sql and isinstance(params, Sequence) and not isinstance(params, (str, bytes)):
-            params = _by_number(sql, params, isinstance(conn, Engine))
+            if (most := _placeholders(sql)) and len(params) != most:
+                raise BadArgument("params", f"{len(params)} values for $1..${most}")
+            if most and not isinstance(conn, Engine):  # by SQLite's names for them, "1", "2", ...
+                params = {str(i): value for i, value in enumerate(params, 1)}
         with contextlib.closing(conn.execute(sql, params)) as cursor:
             return cursor.fetchall(), cursor.rowcount
     except OverflowError as exc:
@@ -135,12 +139,10 @@ def _run(db, sql: str, params: Any) -> tuple[list[tuple], int]:
 _TEXT = re.compile(r"""'(?:[^']|'')*'|"(?:[^"]|"")*"|(\$(?:[A-Za-z_]\w*)?\$).*?\1|--[^\n]*""", re.S)
 
 
-def _by_number(sql: str, params: Sequence, engine: bool) -> Any:
-    """``params`` for ``sql``'s ``$1, $2, ...``: by position (an engine), or by SQLite's names."""
-    most = max(map(int, re.findall(r"(?<![\w$])\$(\d+)", _TEXT.sub(" ", sql))), default=0)
-    if most and len(params) != most:
-        raise BadArgument("params", f"{len(params)} values for the placeholders $1..${most}")
-    return params if engine or not most else {str(i): value for i, value in enumerate(params, 1)}
+@functools.lru_cache(maxsize=1024)
+def _placeholders(sql: str) -> int:
+    """The highest ``$n`` of ``sql``: how many values it takes (its statements are constants)."""
+    return max(map(int, re.findall(r"(?<![\w$])\$(\d+)", _TEXT.sub(" ", sql))), default=0)
 
 
 def _translate(exc: sqlite3.Error, conn: sqlite3.Connection, params: Any = ()) -> LabkitError:

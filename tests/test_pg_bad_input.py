@@ -158,7 +158,7 @@ def test_one_statement_with_its_placeholders_runs_on_both_engines_as_written(pg_
         assert execute(db, sql, range(20, 22)) == [(21, "20", "?", ":x", "5 % 2", 42)], db
         # a $n in quoted text, a quoted name or a comment is no placeholder: it is not counted
         assert execute(db, "SELECT $1 || ' costs $5' AS \"a$3\" -- and $9", ("it",)) == [("it costs $5",)]
-        with pytest.raises(BadArgument, match=r"params: 1 values for the placeholders \$1..\$2"):
+        with pytest.raises(BadArgument, match=r"params: 1 values for \$1..\$2"):
             execute(db, "SELECT $1 || '', $2 || ''", ("only one",))
         db.conn.close()
 
