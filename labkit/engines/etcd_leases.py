@@ -92,7 +92,7 @@ class EtcdLeases:
         ttl = int(ttl)
         sent = read_clock(self.clock)
         lease = int(self._call("lease/grant", {"TTL": ttl, "ID": 0})["ID"])
-        since, key = read_clock(self.clock), _b64(KEYS + name)
+        key = _b64(KEYS + name)
         txn = {
             "compare": [{"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": 0}],
             "success": [{"request_put": {"key": key, "value": _b64(owner), "lease": lease}}],
@@ -106,6 +106,8 @@ class EtcdLeases:
                 self._call("kv/lease/revoke", {"ID": lease})
             return None
         revision = int(done["header"]["revision"])  # the put's revision: the key's create_revision
+        since = read_clock(self.clock)  # won: at the put's answer, not before it was sent (a holder
+        # frozen before sending wins later, after another's renewal that the journal must precede)
         return EtcdLease(name, owner, revision, sent + ttl, ttl, lease, since)
 
     def renew(self, lease: EtcdLease) -> EtcdLease:
