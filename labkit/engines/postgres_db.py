@@ -240,7 +240,7 @@ class PostgresDatabase(core.Engine):
             return ServerGone(self.url, GONE.format(where=f" ({text.strip()})"))
         if isinstance(exc, e.RaiseException) and text.startswith("labkit: "):
             detail = exc.diag.message_detail or ""
-            return refusal(text, params, tuple(map(int, detail.split(","))) if detail else None)
+            return refusal(text, tuple(map(int, detail.split(","))) if detail else None)
         if isinstance(exc, e.SyntaxError) and _SQLITE_STYLE.search(sql):
             return BadArgument("sql", f"{text}: PostgreSQL's placeholders are $1, $2, ... (not ? "
                                "or :name), and labkit sends every statement as written")  # fmt: skip
@@ -255,7 +255,7 @@ class PostgresDatabase(core.Engine):
         return LabkitError(f"PostgreSQL error: {text}")
 
 
-def refusal(text: str, params: Any, fence: tuple | None) -> LabkitError:
+def refusal(text: str, fence: tuple | None) -> LabkitError:
     """The labkit error for a fence trigger's fixed ``text``, as SQLite's triggers' are reported
     (:mod:`labkit.db`); ``fence`` is the job's fence row from the trigger's DETAIL, or None."""
     if text == "labkit: generation must be an integer":
@@ -270,10 +270,7 @@ def refusal(text: str, params: Any, fence: tuple | None) -> LabkitError:
         return BadArgument(
             "generation", f"is above every one this database's leases issued ({fence[1]})"
         )
-    named = params if isinstance(params, Mapping) else {}  # values bound by position tell nothing
-    job = named.get("job_id", named.get("job"))
-    current = None if not fence or job is None else fence[1] if fence[0] == 0 else tuple(fence)
-    return StaleGeneration(named.get("generation"), current, job)
+    return StaleGeneration(None, None, None)  # values bound by position name no token or job
 
 
 def _bind(params: Any) -> Any:
@@ -281,7 +278,7 @@ def _bind(params: Any) -> Any:
     if isinstance(params, Mapping):
         raise BadArgument("params", "PostgreSQL binds $1, $2, ... by position: pass a sequence")
     if isinstance(params, (str, bytes)) or not hasattr(params, "__iter__"):
-        raise BadArgument("params", f"must be a sequence or a mapping, not {type(params).__name__}")
+        raise BadArgument("params", f"must be a sequence, not {type(params).__name__}")
     return [_value(v, i) for i, v in enumerate(params, 1)]
 
 
