@@ -91,10 +91,10 @@ def test_present_changes_settings_only_when_called_and_restores_them():
     """Presenter mode enlarges fonts and lines on request and puts the old settings back."""
     before = dict(matplotlib.rcParams)
     with present():
-        assert matplotlib.rcParams["font.size"] == 16 and matplotlib.rcParams["lines.linewidth"] == 3
+        assert matplotlib.rcParams["font.size"] == 18 and matplotlib.rcParams["lines.linewidth"] == 3
     assert dict(matplotlib.rcParams) == before
     present()
-    assert matplotlib.rcParams["font.size"] == 16
+    assert matplotlib.rcParams["font.size"] == 18
     present(False)
     assert dict(matplotlib.rcParams) == before
 

@@ -13,6 +13,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.image import imsave
 
+from labkit.views import plot
 from labkit.views.plot import add_artists, fill, fit_figure, frame, label_patches, point_in_data
 from labkit.views.scene import end_of, lanes_of, merge_lanes, scene, x_range
 
@@ -20,25 +21,15 @@ __all__ = ["TimelineRenderer"]
 
 
 #: the settings a picture depends on besides its run: presenter mode changes them
-_MODE = (
-    "font.size",
-    "axes.titlesize",
-    "axes.labelsize",
-    "xtick.labelsize",
-    "ytick.labelsize",
-    "legend.fontsize",
-    "lines.linewidth",
-    "lines.markersize",
-    "hatch.linewidth",
-    "axes.linewidth",
-)
+_MODE = tuple(plot._PRESENTER)
 
 
 class _Frame:
     """One figure for one (lanes, mode): its frame drawn once, its time axes kept per range."""
 
     def __init__(self, lanes: list[str], xmax: float, xlabel: str) -> None:
-        self.figure = Figure(dpi=80)
+        big = mpl.rcParams["font.size"] > 10  # presenter mode: the pixels an inch of timeline()
+        self.figure = Figure(dpi=mpl.rcParams["figure.dpi"] if big else 80)
         self.canvas = FigureCanvasAgg(self.figure)
         self.ax = self.figure.add_subplot()
         fit_figure(self.figure, len(lanes), top=0.25)  # the panel shows the title

@@ -19,10 +19,11 @@ import html
 import sys
 
 import ipywidgets as widgets
+import matplotlib as mpl
 
-from labkit.views.render import TimelineRenderer
+from labkit.views.render import _MODE, TimelineRenderer
 
-__all__ = ["Screen", "png_output", "show", "verdict_html"]
+__all__ = ["Screen", "enlarge", "png_output", "show", "verdict_html"]
 
 
 def png_output(png: bytes) -> tuple:
@@ -42,19 +43,35 @@ def verdict_html(result) -> str:
     )
 
 
+def enlarge(box, mode: dict):
+    """``box`` (a widget box) whose texts (labels, verdict, tables) grow as the ``mode``'s font
+    (1.7x in presenter mode): a class on it and that class's style, in a hidden HTML child."""
+    if (scale := mode["font.size"] / 10) > 1:  # 13, 28 and 300 px: ipywidgets' sizes
+        name, size = f"labkit-text-{round(scale * 100)}", f"{13 * scale:g}px"
+        css = f"font-size:{size};--jp-widgets-font-size:{size};--jp-widgets-inline-height:"
+        css += f"{28 * scale:g}px;--jp-widgets-inline-width:{300 * scale:g}px;--jp-widgets-inline"
+        css += "-width-short:calc(var(--jp-widgets-inline-width)/2 - 2px)"
+        css = f"<style>.{name}{{{css}}} .{name} .widget-hbox{{flex-wrap:wrap}}</style>"
+        box.add_class(name)
+        box.children += (widgets.HTML(css, layout={"display": "none"}),)
+    return box
+
+
 class Screen:
-    """A timeline and its verdict that :meth:`draw` replaces in place."""
+    """A timeline and its verdict that :meth:`draw` replaces in place, in the mode (presenter or
+    not) of the screen's making."""
 
     def __init__(self, min_height: str = "240px") -> None:
         self.image = widgets.Output(layout=widgets.Layout(min_height=min_height))
-        self.verdict = widgets.HTML()
-        self.box = widgets.VBox([self.image, self.verdict])
+        self.verdict, self.mode = widgets.HTML(), {k: mpl.rcParams[k] for k in _MODE}
+        self.box = enlarge(widgets.VBox([self.image, self.verdict]), self.mode)
 
     def draw(self, result) -> bytes:
         """Draw ``result`` (a Result, or anything :func:`.plot.timeline` takes) in place of the
         picture before; return its PNG bytes."""
         label = getattr(result, "xlabel", None) or "virtual time (s)"
-        png = TimelineRenderer([result], xlabel=label).png(result)
+        with mpl.rc_context(self.mode):
+            png = TimelineRenderer([result], xlabel=label).png(result)
         self.image.outputs = png_output(png)
         self.verdict.value = verdict_html(result)
         return png

@@ -14,8 +14,9 @@ from tabulate import tabulate
 from labkit.errors import BadArgument, BadArgumentType, LabkitError, check_number
 from labkit.sim.engine import POSITIVE_KNOBS, Result, play
 from labkit.sim.history import check
+from labkit.views.plot import present
 from labkit.views.render import TimelineRenderer
-from labkit.views.screen import png_output, verdict_html
+from labkit.views.screen import enlarge, png_output, verdict_html
 from labkit.views.scene import COLOURS, end_of, x_range
 
 __all__ = ["explore", "replay", "button", "Explorer", "TimelineRenderer", "tables_html"]
@@ -96,9 +97,17 @@ class Explorer(widgets.VBox):
         side = widgets.VBox([controls["protected"], controls["seed"]])
         top = widgets.HBox([knobs, side])
         super().__init__([self.title, top, self.verdict, self.image, self.tables])
+        enlarge(self, self.renderer.mode)
+        self.shown = False  # made in a `with present():` block, it is shown at the cell's end
+        if present._made is not None:
+            present._made.append(self)
         for control in controls.values():
             control.observe(lambda _change: self.update(), names="value")
         self.update()
+
+    def _repr_mimebundle_(self, **kwargs):
+        self.shown = True
+        return super()._repr_mimebundle_(**kwargs)
 
     def _previews(self) -> list:
         """Runs with each slider at its far end, so the renderer reserves their lanes."""
@@ -217,7 +226,7 @@ def replay(
     renderer = TimelineRenderer([preview], xmax=x_range(virtual))
     clock, verdict = widgets.HTML(), widgets.HTML()
     image = widgets.Output(layout=widgets.Layout(min_height="320px"))
-    display(widgets.VBox([clock, image, verdict]))
+    display(enlarge(widgets.VBox([clock, image, verdict]), renderer.mode))
     params = {**scenario.knobs, **knobs, "protected": protected, "seed": seed}
 
     def step(sim) -> None:
