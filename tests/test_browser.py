@@ -35,6 +35,7 @@ from labkit.engines.servers import sweep
 from prerequisites import require
 
 from direct_buttons import direct_pictures, ink
+import presenter_sizes
 
 from browser_support import (
     LIVE_SECONDS,
@@ -152,52 +153,30 @@ def test_notebook_in_browser(notebook: Path, lab_server, page):
         print(f"{notebook.name}: {time.monotonic() - started:.1f} s in the browser")
 
 
-PRESENTER_CELLS = [
-    "from labkit.scenarios import expired_but_alive\n"
-    "from labkit.views.plot import present\n"
-    "from labkit.views.widgets import explore",
-    "normal = explore(expired_but_alive, protected=False)\nnormal",
-    "with present():\n    big = explore(expired_but_alive, protected=False)\nbig",
-    "print('legend px', normal.renderer.legend_text_px, big.renderer.legend_text_px)",
-]
-
-# Each panel image's displayed (CSS) width over its own pixel width, in notebook order.
-_IMAGE_SCALES_JS = r"""() => [...document.querySelectorAll('.widget-output img')]
-    .map((img) => img.getBoundingClientRect().width / img.naturalWidth)"""
-
-
-def test_presenter_mode_legend_is_half_again_as_tall_on_screen(lab_server, page):
-    """In a 1400 px window, presenter mode's legend text is >= 1.5x its normal height in CSS px.
-
-    The renderer reports the legend's font size in image pixels; the browser reports how
-    much it scaled each image to fit the notebook's width.
-    """
+def test_presenter_mode_enlarges_every_text_half_again_on_screen(lab_server, page):
+    """In a 1400 px window, presenter mode shows every text of a timeline, a panel and a replay
+    (legend, tick and axis labels, the picture's labels, title, caption, verdict, tables, slider
+    labels) at >= 1.5x its size without, in CSS px, the panel's and the replay's pictures at
+    >= 1.5x the lesson's own timeline's; a panel made in a ``with present():`` block shows."""
     import nbformat
 
-    folder = NOTEBOOK_ROOT / "build"
-    folder.mkdir(exist_ok=True)
-    notebook = folder / "presenter-check.ipynb"
-    cells = [nbformat.v4.new_code_cell(source) for source in PRESENTER_CELLS]
+    notebook = NOTEBOOK_ROOT / "build" / "presenter-check.ipynb"
+    notebook.parent.mkdir(exist_ok=True)
+    cells = [nbformat.v4.new_code_cell(source) for source in presenter_sizes.sources()]
     kernel = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
     nbformat.write(nbformat.v4.new_notebook(cells=cells, metadata=kernel), notebook)
-    open_notebook(
-        page,
-        lab_server.notebook_url(notebook.relative_to(NOTEBOOK_ROOT).as_posix()),
-        KERNEL_TIMEOUT_MS,
-    )
+    url = lab_server.notebook_url(notebook.relative_to(NOTEBOOK_ROOT).as_posix())
+    open_notebook(page, url, KERNEL_TIMEOUT_MS)
     run_all_cells(page, RUN_TIMEOUT_MS)
     check_outputs(page)
-    printed = page.locator(".jp-OutputArea-output", has_text="legend px").inner_text()
-    normal_px, big_px = map(float, printed.split()[-2:])
-    scales = page.evaluate(_IMAGE_SCALES_JS)
-    assert len(scales) == 2, f"expected two panel images, found {len(scales)}"
-    normal_css, big_css = normal_px * scales[0], big_px * scales[1]
-    print(
-        f"legend text: normal {normal_css:.1f} CSS px, presenter {big_css:.1f} CSS px "
-        f"({big_css / normal_css:.2f}x; images shown at {scales[0]:.2f} and {scales[1]:.2f})"
-    )
+    sizes = presenter_sizes.measure(page)
     save_screenshot(page, "presenter-check")
-    assert big_css >= 1.5 * normal_css
+    rows = presenter_sizes.ratios(sizes)
+    for picture, kind, normal, big in rows:
+        print(f"{picture:>20} {kind:>16}: {normal:7.1f} -> {big:7.1f} CSS px, {big / normal:.2f}x")
+    assert len(sizes) == 6, f"pictures measured: {sorted(sizes)}"
+    small = [f"{p} {k}: {b / n:.2f}x" for p, k, n, b in rows if not n or b < 1.5 * n]
+    assert not small, "presenter mode enlarges these less than 1.5x: " + ", ".join(small)
 
 
 def check_outputs(page) -> None:
