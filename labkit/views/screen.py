@@ -45,7 +45,7 @@ def verdict_html(result) -> str:
 
 def enlarge(box, mode: dict):
     """``box`` (a widget box) whose texts (labels, verdict, tables) grow as the ``mode``'s font
-    (1.7x in presenter mode): a class on it and that class's style, in a hidden HTML child."""
+    (1.8x in presenter mode): a class on it and that class's style, in a hidden HTML child."""
     if (scale := mode["font.size"] / 10) > 1:  # 13, 28 and 300 px: ipywidgets' sizes
         name, size = f"labkit-text-{round(scale * 100)}", f"{13 * scale:g}px"
         css = f"font-size:{size};--jp-widgets-font-size:{size};--jp-widgets-inline-height:"
