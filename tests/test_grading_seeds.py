@@ -8,6 +8,7 @@ check modules' own code (which ship with the student's copy) buys it nothing.
 
 import concurrent.futures
 import contextlib
+import pathlib
 import multiprocessing
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 import corpus_part1
 import corpus_part2
 from answers import define, judged
-from labkit.grading import Broken, tasks_loaded, verdicts
+from labkit.grading import Broken, Report, tasks_loaded, verdicts
 
 CORPUS = {**corpus_part1.CORPUS, **corpus_part2.CORPUS}
 #: a few answers per kind of input: pure numbers (01.2, 05.1), an rng passed in (06.2), a race (02.1),
@@ -167,3 +168,104 @@ def test_the_check_cells_judge_takes_a_seed_or_draws_one():
     assert reports[0]["run"] == 4242 and reports[0] == reports[1], reports[:2]
     drawn = [r["run"] for r in reports[2:]]
     assert all(isinstance(r, int) for r in drawn) and drawn[0] != drawn[1], drawn
+
+
+def _solution_cells(task: str, notebook: str) -> list[str]:
+    import json
+
+    from labkit.grading import notebooks
+
+    nb = json.loads((notebooks.ROOT / "solutions" / notebook).read_text())
+    cells = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    last = next(i for i, c in enumerate(cells) if f"task:{task}" in c["metadata"].get("tags", []))
+    return ["".join(c["source"]) for c in cells[: last + 1]]
+
+
+def _children(pid: int) -> set[int]:
+    """The processes ``pid`` started that are still alive, and theirs, from /proc."""
+    import pathlib
+
+    found, todo = set(), [pid]
+    while todo:
+        for task in pathlib.Path(f"/proc/{todo.pop()}/task").glob("*/children"):
+            kids = {int(k) for k in task.read_text().split()}
+            todo += kids - found
+            found |= kids
+    return found
+
+
+def test_a_judge_started_ahead_grades_as_the_check_cells_judge_does():
+    """A check cell's judge started before the check (``--ready``): once it says ready, its
+    sandbox runs (a process of its own); handed the same cells and seed, its Report is the one
+    the judge started at the check gives."""
+    import json
+    import subprocess
+    import sys
+
+    sources = _solution_cells("05.1", "05-late-renewal.ipynb")
+    argv = ["05.1", "conservative_deadline", "4242"]
+    cold = subprocess.run([sys.executable, "-m", "labkit.grading.judge", *argv],
+                          input=json.dumps(sources), capture_output=True, text=True, timeout=120)
+    pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with subprocess.Popen([sys.executable, "-m", "labkit.grading.judge", "--ready"], **pipes) as ahead:
+        assert ahead.stdout.readline() == "ready\n"
+        assert _children(ahead.pid), "no sandbox runs before the check"
+        out, err = ahead.communicate(json.dumps({"argv": argv, "cells": sources}), timeout=120)
+    warm = json.loads(out.strip().splitlines()[-1])
+    assert warm == json.loads(cold.stdout.strip().splitlines()[-1]) and warm["run"] == 4242, err
+    assert Report.from_json(warm).passed, warm
+
+
+def test_a_judge_started_ahead_ends_with_its_sandbox_when_its_kernel_goes():
+    """A judge nobody hands a check (the kernel stopped: its stdin closes) exits at once, and
+    its sandbox's processes with it."""
+    import subprocess
+    import sys
+
+    pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with subprocess.Popen([sys.executable, "-m", "labkit.grading.judge", "--ready"], **pipes) as ahead:
+        assert ahead.stdout.readline() == "ready\n"
+        sandbox = _children(ahead.pid)
+        assert sandbox
+        ahead.stdin.close()
+        assert ahead.wait(timeout=30) == 0, ahead.stderr.read()
+    assert not any(pathlib.Path(f"/proc/{pid}").exists() for pid in sandbox), sandbox
+
+
+HOOK = """import sys
+starts = []
+def _judges_started(event, args):
+    if event == "subprocess.Popen" and "labkit.grading.judge" in list(args[1] or ()):
+        starts.append(list(args[1])[3:])
+sys.addaudithook(_judges_started)
+import labkit.grading"""
+
+COUNTS = """import json, os, labkit.grading
+after_one = list(starts)
+os.environ["LABKIT_PROBE"] = "another environment"
+{check}
+print(json.dumps({{"first": after_one, "then": starts[len(after_one):],
+                  "waiting": [j.poll() is None for j in labkit.grading._judges]}}))"""
+
+
+def test_a_check_cell_uses_the_judge_started_ahead_and_starts_the_next():
+    """In a kernel: importing the grader starts a judge ahead; the check cell is judged by it
+    and starts the next one. A judge made for another environment is not used: that check
+    starts its own, then the next."""
+    import json
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    from labkit.grading import notebooks
+
+    sources = _solution_cells("05.1", "05-late-renewal.ipynb")
+    cells = [HOOK, *sources, COUNTS.format(check=sources[-1])]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in cells])
+    folder = {"metadata": {"path": str(notebooks.ROOT / "solutions")}}
+    NotebookClient(nb, timeout=120, kernel_name="python3", resources=folder).execute()
+    text = "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.get("name") == "stdout")
+    seen = json.loads(text.strip().splitlines()[-1])
+    assert seen["first"] == [["--ready"], ["--ready"]], seen  # at the import; the next check's
+    assert seen["then"] == [["--ready"], ["--ready"]], seen  # this check's own; the next's
+    assert seen["waiting"] == [True], seen

@@ -29,6 +29,8 @@ __all__ += ["Schedule", "Broken", "CheckFailed", "TASKS", "PASS", "CHECK_MODULES
 __all__ += ["verdict", "Report", "replayed", "refused", "PROBLEMS", "Task", "tasks_loaded"]
 
 PASS = "PASS {task}: {title} held under every schedule"
+#: judges started ahead for the next check (kept by importlib.reload, as check cells reload this)
+_judges: list = globals().get("_judges", [])
 #: the result types tasks declare, after JSON decoding (a bool may come back as the int 0 or 1)
 BOOL, NUMBER, NONE = (bool, int), (float, int), type(None)
 
@@ -65,20 +67,19 @@ def check(task_id: str, answer: Any, *, run: int | None = None) -> None:
 
         cached = [linecache.cache.get(name) for name in getattr(shell.compile, "_filename_map", ())]
         sources = ["".join(entry[2]) for entry in cached if entry]
-    argv = [sys.executable, "-m", "labkit.grading.judge", task_id, name]
-    argv += [] if run is None else [str(int(run))]
-    pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    with subprocess.Popen(argv, **pipes) as judge:  # it starts while the task id is looked up
+    argv = [task_id, name] + ([] if run is None else [str(int(run))])
+    with _ready_judge() as judge:  # started ahead, or now: it starts while the task is looked up
         try:
             _task(task_id)
         except BadArgument:
             judge.kill()
             raise
         try:  # a judge bounds every task; this bounds the judge, whatever happens to it
-            out, err = judge.communicate(json.dumps(sources), timeout=600)
+            out, err = judge.communicate(json.dumps({"argv": argv, "cells": sources}), timeout=600)
         except subprocess.TimeoutExpired:
             judge.kill()
             out, err = "", "labkit.grading: the judge did not finish within 600 s\n"
+    _judges.append(_start_judge())  # the next check's, ready while the student works
     sys.__stderr__.write(err)  # never into the check cell's compared output
     lines = out.strip().splitlines()
     report = (
@@ -89,6 +90,30 @@ def check(task_id: str, answer: Any, *, run: int | None = None) -> None:
     if not report.passed:
         raise CheckFailed(task_id, report.text(), report.seed)
     print(report.text())
+
+
+def _start_judge():
+    """A judge for the next check, started now (``python -m labkit.grading.judge --ready``):
+    its checks load and its fresh sandbox starts before that check is called. It is used only
+    by a check in the same environment, folder and Python; it ends when its stdin closes."""
+    import subprocess
+
+    pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    judge = subprocess.Popen([sys.executable, "-m", "labkit.grading.judge", "--ready"], **pipes)
+    judge.made_for = (dict(os.environ), os.getcwd())
+    return judge
+
+
+def _ready_judge():
+    """The judge started ahead for this check, if it is alive and was made for this environment
+    and folder (others are told to end); else one started now."""
+    for judge in _judges[:]:
+        _judges.remove(judge)
+        if judge.poll() is None and judge.made_for == (dict(os.environ), os.getcwd()):
+            return judge
+        judge.kill()
+        judge.communicate()
+    return _start_judge()
 
 
 def replayed(task_id: str, answer: Any, *, seed: int, run: int | None = None):
@@ -155,3 +180,7 @@ def __getattr__(name: str):
 
 
 _verdict._LOADED.clear()  # a reload of this module (a check cell's) loads the checks afresh
+
+
+if not _judges and getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)():
+    _judges.append(_start_judge())  # a notebook imports the grader: its first check's judge

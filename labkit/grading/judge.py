@@ -222,18 +222,19 @@ class RemoteAnswer:
         return self.box.resolve(tagged)
 
 
-def judge(items: list[tuple], tasks=None, *, hide=(), timeout: float = 30.0, run=None) -> dict:
+def judge(items: list[tuple], tasks=None, *, hide=(), timeout=30.0, run=None, box=None) -> dict:
     """Judge a program (:func:`labkit.grading.notebooks.program`): run its code in one
-    sandbox, and each task (of ``tasks``; None: all) at its last check, every task in the run
-    seeded ``run`` (None: a seed drawn from the operating system, recorded in each Report). Returns
-    ``{task: Report}``. A sandbox an answer broke is replaced and the cells run again;
-    after a cell that does not finish within ``timeout``, every later task fails."""
+    sandbox (``box``, a fresh one made ahead, or a new one), and each task (of ``tasks``; None:
+    all) at its last check, every task in the run seeded ``run`` (None: a seed drawn from the
+    operating system, recorded in each Report). Returns ``{task: Report}``. A sandbox an answer
+    broke is replaced and the cells run again; after a cell that does not finish within
+    ``timeout``, every later task fails."""
     from labkit.grading.verdicts import draw_seed, refused, tasks_loaded
 
     run = draw_seed() if run is None else run
     last = {item[1]: i for i, item in enumerate(items) if item[0] == "check"}
     wanted = [t for t in last if tasks is None or t in tasks]
-    results, box, hung = {}, None, None
+    results, hung = {}, None
     # the checks load while the first cells run; never while a worker is started (its preexec
     # runs in the forked child, which must not inherit a lock another thread holds)
     loading = threading.Thread(target=tasks_loaded)
@@ -297,19 +298,35 @@ def attempt(box: Sandbox, task_id: str, name: str, *, run=None):
 def main(argv: list[str] | None = None) -> int:
     """``python -m labkit.grading.judge TASK [NAME [SEED]]`` < a JSON list of the kernel's cell
     sources: print its Report as JSON. With NAME (a check called from any cell), the check comes
-    last; SEED (an int) is the run's seed, by default one drawn from the operating system."""
+    last; SEED (an int) is the run's seed, by default one drawn from the operating system.
+
+    ``--ready`` is a check cell's judge started before the check is called: it loads the
+    checks and starts its (fresh) sandbox, prints ``ready``, then reads ``{"argv": [TASK, NAME,
+    SEED?], "cells": [...]}``, so that a check pays only for its cells and schedules."""
     import json
 
     from labkit.grading.notebooks import program
+    from labkit.grading.verdicts import refused, tasks_loaded
 
-    task, *name = argv if argv is not None else sys.argv[1:]
+    argv, box = sys.argv[1:] if argv is None else argv, None
+    if argv == ["--ready"]:
+        tasks_loaded()  # before the worker starts: its preexec must not meet a held lock
+        box = Sandbox()
+        print("ready", flush=True)
+    request = json.loads(sys.stdin.read() or "null")
+    if box is not None:
+        if request is None:  # the kernel went away before it checked anything
+            box.close()
+            return 0
+        argv, request = request["argv"], request["cells"]
+    task, *name = argv
     run = int(name.pop()) if len(name) > 1 else None
-    items = program(json.loads(sys.stdin.read()))
+    items = program(request)
     if name and (not items or items[-1][:2] != ("check", task)):
         items.append(("check", task, name[0]))
-    from labkit.grading.verdicts import refused
-
-    report = judge(items, {task}, run=run).get(task) or refused(task, f"no check of {task}")
+    report = judge(items, {task}, run=run, box=box).get(task) or refused(
+        task, f"no check of {task}"
+    )
     print(json.dumps(report.to_json()))
     return 0
 
