@@ -312,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv == ["--ready"]:
         tasks_loaded()  # before the worker starts: its preexec must not meet a held lock
         box = Sandbox()
-        print("ready", flush=True)
+        with contextlib.suppress(BrokenPipeError):  # the kernel may be gone already
+            print("ready", flush=True)
     request = json.loads(sys.stdin.read() or "null")
     if box is not None:
         if request is None:  # the kernel went away before it checked anything
