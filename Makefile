@@ -31,7 +31,7 @@ lab: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff format --check labkit
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q $(XDIST) tests
+	$(BIN)/python -m pytest -q $(XDIST) --durations=25 tests
 	$(BIN)/python -m pytest -q $(XDIST) $(NBVAL) notebooks solutions
 
 exercises: $(STAMP)
