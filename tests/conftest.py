@@ -6,6 +6,7 @@ SQLite and on PostgreSQL (see ``tests/engines.py``).
 
 from __future__ import annotations
 
+import signal
 import sqlite3
 
 import pytest
@@ -13,6 +14,14 @@ import pytest
 import labkit
 
 import engines
+
+
+# The interrupt tests send SIGINT to a child as Ctrl-C in a terminal would. A suite started in
+# the background (`make test &`, nohup) inherits SIGINT ignored, and so would every child, which
+# then never sees the interrupt: give this process Python's handler, so children start at the
+# default disposition (exec resets a handled signal, never an ignored one).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_generate_tests(metafunc):
