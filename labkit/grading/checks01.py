@@ -47,9 +47,14 @@ def _story(rng: Random, story: str) -> list:
         ev("A", "write", "ok", 7, "INV-3")  # B's INV-3 is lost
         ev("A", "write", "ok", 7, "INV-4")  # nobody else wrote INV-4: nothing lost
     elif story == "chain":  # each trap beside lost writes the overwriting ones overlap
-        for w, gen, target in [("F", 20, 4), ("D", 6, 3), ("C", 9, 1), ("B", 8, 1), ("A", 7, 1),
-                               ("G", 30, 2), ("G", 30, 2), ("H", 40, 5)]:  # fmt: skip
-            ev(w, "write", "ok", gen, f"INV-{target}")  # C's and B's INV-1 are lost
+        ev("F", "write", "ok", 20, "INV-4")
+        ev("D", "write", "ok", 6, "INV-3")
+        ev("C", "write", "ok", 9, "INV-1")
+        ev("B", "write", "ok", 8, "INV-1")
+        ev("A", "write", "ok", 7, "INV-1")  # C's and B's INV-1 are lost
+        ev("G", "write", "ok", 30, "INV-2")
+        ev("G", "write", "ok", 30, "INV-2")
+        ev("H", "write", "ok", 40, "INV-5")
         ev("E", "write", "rejected", 5, "INV-5")
     elif story == "clean":
         run("A", 7, ["INV-1", "INV-2"])
