@@ -19,7 +19,8 @@ from labkit.sim.history import Event
 
 def _story(rng: Random, story: str) -> list:
     """A recorded history: a story of the lesson, or a random one over a few invoices."""
-    events, clock = [], [rng.choice([0.0, 100.0, 3600.0])]
+    events = []
+    clock = [rng.choice([0.0, 100.0, 3600.0])]  # a list, so that ev() can move it
 
     def ev(worker, action, outcome="ok", gen=None, target=None, until=None):
         clock[0] += rng.choice([0.25, 0.5, 1.0, 1.5, 2.0, 5.0])

@@ -80,8 +80,10 @@ def _leases(db) -> list[tuple]:
 )
 def release_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 06.1: ``answer(db, name, owner, generation) -> bool``."""
-    rng, k, story = schedule.rng, schedule.knobs, schedule.knobs["story"]
-    job, a, b = _job(rng), "A", "B"
+    rng, k = schedule.rng, schedule.knobs
+    story = k["story"]
+    job = _job(rng)
+    a, b = "A", "B"
     ttl = rng.choice([5, 10, 30])
     with scratch() as tmp:
         db, other = tmp.open(), tmp.open()
@@ -91,7 +93,8 @@ def release_check(answer, schedule: Schedule, history: list) -> None:
             authority.release(authority.acquire(job, "earlier", ttl))
         mine = authority.acquire(job, a, ttl)
         lease_event(history, clock.now(), mine)
-        caller, mine_row = a, (job, a, mine.generation)
+        caller = a
+        mine_row = (job, a, mine.generation)
         seen = {"present": None}
 
         def take_over(who: str) -> bool:
