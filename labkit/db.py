@@ -58,8 +58,8 @@ def connect(path: str = ":memory:", *, busy_timeout_ms: int = 5000) -> sqlite_ut
     path = check_name(os.fspath(path) if isinstance(path, os.PathLike) else path, "path")
     timeout = check_number(busy_timeout_ms, "busy_timeout_ms", integer=True, high=2**31 - 1)
     try:
-        conn = sqlite3.connect(path, isolation_level=None, timeout=timeout / 1000,
-                               check_same_thread=False, uri=path.startswith("file:"))  # fmt: skip
+        options = {"timeout": timeout / 1000, "uri": path.startswith("file:")}
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, **options)
     except sqlite3.Error as exc:
         raise BadArgument("path", f"cannot open {path!r}: {exc}") from None
     import sqlite_utils  # here, not at the top: it loads numpy, which `import labkit` must not

@@ -242,8 +242,8 @@ class PostgresDatabase(core.Engine):
             detail = exc.diag.message_detail or ""
             return refusal(text, tuple(map(int, detail.split(","))) if detail else None)
         if isinstance(exc, e.SyntaxError) and _SQLITE_STYLE.search(sql):
-            return BadArgument("sql", f"{text}: PostgreSQL's placeholders are $1, $2, ... (not ? "
-                               "or :name), and labkit sends every statement as written")  # fmt: skip
+            why = "(not ? or :name), and labkit sends every statement as written"
+            return BadArgument("sql", f"{text}: PostgreSQL's placeholders are $1, $2, ... {why}")
         if "cannot insert multiple commands" in text:
             return BadArgument("sql", "must be exactly one statement")
         if isinstance(exc, e.DataError) or (

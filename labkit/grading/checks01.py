@@ -19,7 +19,8 @@ from labkit.sim.history import Event
 
 def _story(rng: Random, story: str) -> list:
     """A recorded history: a story of the lesson, or a random one over a few invoices."""
-    events, clock = [], [rng.choice([0.0, 100.0, 3600.0])]
+    events = []
+    clock = [rng.choice([0.0, 100.0, 3600.0])]  # a list, so that ev() can move it
 
     def ev(worker, action, outcome="ok", gen=None, target=None, until=None):
         clock[0] += rng.choice([0.25, 0.5, 1.0, 1.5, 2.0, 5.0])
@@ -47,9 +48,14 @@ def _story(rng: Random, story: str) -> list:
         ev("A", "write", "ok", 7, "INV-3")  # B's INV-3 is lost
         ev("A", "write", "ok", 7, "INV-4")  # nobody else wrote INV-4: nothing lost
     elif story == "chain":  # each trap beside lost writes the overwriting ones overlap
-        for w, gen, target in [("F", 20, 4), ("D", 6, 3), ("C", 9, 1), ("B", 8, 1), ("A", 7, 1),
-                               ("G", 30, 2), ("G", 30, 2), ("H", 40, 5)]:  # fmt: skip
-            ev(w, "write", "ok", gen, f"INV-{target}")  # C's and B's INV-1 are lost
+        ev("F", "write", "ok", 20, "INV-4")
+        ev("D", "write", "ok", 6, "INV-3")
+        ev("C", "write", "ok", 9, "INV-1")
+        ev("B", "write", "ok", 8, "INV-1")
+        ev("A", "write", "ok", 7, "INV-1")  # C's and B's INV-1 are lost
+        ev("G", "write", "ok", 30, "INV-2")
+        ev("G", "write", "ok", 30, "INV-2")
+        ev("H", "write", "ok", 40, "INV-5")
         ev("E", "write", "rejected", 5, "INV-5")
     elif story == "clean":
         run("A", 7, ["INV-1", "INV-2"])

@@ -152,9 +152,10 @@ class _Payouts:
     def row(self, gen, payout: str | None = None) -> dict:
         """A payout row with token ``gen``: a new one, or ``payout`` with a new amount."""
         self.ids += payout is None
-        amount, (epoch, counter) = self.rng.randrange(100, 990, 5), token(gen)
-        return {"job": PAY, "id": payout or f"P-{self.ids}", "amount": amount, "epoch": epoch,
-                "counter": counter}  # fmt: skip
+        payout_id = payout or f"P-{self.ids}"
+        amount = self.rng.randrange(100, 990, 5)
+        epoch, counter = token(gen)
+        return {"job": PAY, "id": payout_id, "amount": amount, "epoch": epoch, "counter": counter}
 
     def issued(self, generation: int) -> None:
         """The lease authority in this database has issued up to ``generation``."""
@@ -243,8 +244,15 @@ class _Payouts:
             expect(rose, rule, f"the fence is at {self.fence.current()}", prop=self.prop)
 
 
-@task("03.3", "protect a new resource", GUARDED_HOSTILE, count=10, make=_story, returns=(NONE,),
-      properties=GUARDED)  # fmt: skip
+@task(
+    "03.3",
+    "protect a new resource",
+    GUARDED_HOSTILE,
+    count=10,
+    make=_story,
+    returns=(NONE,),
+    properties=GUARDED,
+)
 def protect_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 03.3: ``answer(db, job) -> None`` makes ``payouts`` refuse stale tokens from
     writers that bypass ``Fence.guard``; the table and the fence are read after each write."""

@@ -80,8 +80,10 @@ def _leases(db) -> list[tuple]:
 )
 def release_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 06.1: ``answer(db, name, owner, generation) -> bool``."""
-    rng, k, story = schedule.rng, schedule.knobs, schedule.knobs["story"]
-    job, a, b = _job(rng), "A", "B"
+    rng, k = schedule.rng, schedule.knobs
+    story = k["story"]
+    job = _job(rng)
+    a, b = "A", "B"
     ttl = rng.choice([5, 10, 30])
     with scratch() as tmp:
         db, other = tmp.open(), tmp.open()
@@ -91,11 +93,13 @@ def release_check(answer, schedule: Schedule, history: list) -> None:
             authority.release(authority.acquire(job, "earlier", ttl))
         mine = authority.acquire(job, a, ttl)
         lease_event(history, clock.now(), mine)
-        caller, mine_row = a, (job, a, mine.generation)
+        caller = a
+        mine_row = (job, a, mine.generation)
         seen = {"present": None}
 
         def take_over(who: str) -> bool:
-            seen["present"], seen["at"] = mine_row in _leases(other), (len(history), clock.now())
+            seen["present"] = mine_row in _leases(other)
+            seen["at"] = (len(history), clock.now())
             clock.advance(ttl + 1)
             lease_event(history, clock.now(), authority.acquire(job, who, ttl))
             seen["counters"] = execute(other, "SELECT * FROM lease_counter ORDER BY name")
@@ -126,7 +130,9 @@ def release_check(answer, schedule: Schedule, history: list) -> None:
         outcome = "ok" if got else "lost"
         history.insert(at, Event(when, caller, "release", outcome, mine.generation, target=job))
         counted = "SELECT * FROM lease_counter ORDER BY name"
-        kept, after, racing = execute(db, counted) == seen["counters"], _leases(db), race["done"]
+        kept = execute(db, counted) == seen["counters"]
+        after = _leases(db)
+        racing = race["done"]
         b_row = (job, b, mine.generation + 1)
         if racing:  # B took over mid-release
             should = not seen["present"]  # True only if A's row was gone before B came
@@ -150,26 +156,24 @@ def release_check(answer, schedule: Schedule, history: list) -> None:
 
         own = "race" if racing else "own only"  # whose rows these are: the race's, or A's own
         rule = "the release deletes the caller's lease only, and only while owner and generation"
+        said = f"it returned {got!r}"
+        binary = "the release answers True or False (did it delete the lease?)"
+        answers = f"the release answers {should} when {what}"
+        rows = f"lease rows before {before}, after {after}"
+        foreign = found[0].message if found else ""
+        untouched = "a release never touches the permanent generation counter"
         _in_turn(
             [
-                ("answers", got in (True, False) and not isinstance(got, str),
-                 "the release answers True or False (did it delete the lease?)",
-                 f"it returned {got!r}"),
-                ("race" if racing else "answers", bool(got) == should,
-                 f"the release answers {should} when {what}", f"it returned {got!r}"),
+                ("answers", got in (True, False) and not isinstance(got, str), binary, said),
+                ("race" if racing else "answers", bool(got) == should, answers, said),
             ],
             [
-                (own, after == expected, f"{rule} both match ({what})",
-                 f"lease rows before {before}, after {after}"),
-                (own, not found, "a late release never deletes another holder's lease",
-                 found[0].message if found else ""),
+                (own, after == expected, f"{rule} both match ({what})", rows),
+                (own, not found, "a late release never deletes another holder's lease", foreign),
             ],
-            [
-                ("counter", kept, "a release never touches the permanent generation counter",
-                 "lease_counter changed"),
-            ],
+            [("counter", kept, untouched, "lease_counter changed")],
             acted=did,  # a release that did nothing keeps every rule, trivially
-        )  # fmt: skip
+        )
 
 
 def _in_turn(*groups: list, acted: bool = True) -> None:

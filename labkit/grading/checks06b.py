@@ -63,8 +63,8 @@ class _World:
     def look(self) -> None:
         """Note when the judge first sees the record taken from A."""
         if self.claim is None:
-            row = execute(self.leases.db, ROWS.replace("ORDER BY", "WHERE name = ? ORDER BY"),
-                          (self.mine.name,))  # fmt: skip
+            sql = ROWS.replace("ORDER BY", "WHERE name = ? ORDER BY")
+            row = execute(self.leases.db, sql, (self.mine.name,))
             if row and row[0][1:3] != ("A", self.mine.generation):
                 t = self.clock.now()
                 self.claim = {"t": t, "run": self.run, "dropped": self.dropped, "asked": self.asked}
@@ -106,8 +106,14 @@ class _World:
             self.history.append(Event(self.clock.now(), "B", "acquire", "held", target=name))
         moved = any(ok and not inj and s > self.t0 for s, ok, inj, _ in self.signs)
         c = self.claim or {}
-        return {"got": got, "c": self.claim, "steal": c.get("steal"), "run": c.get("run", 0.0),
-                "dropped": self.dropped, "moved": moved}  # fmt: skip
+        return {
+            "got": got,
+            "c": self.claim,
+            "steal": c.get("steal"),
+            "run": c.get("run", 0.0),
+            "dropped": self.dropped,
+            "moved": moved,
+        }
 
 
 def _knobs(rng: Random) -> dict:
@@ -221,41 +227,52 @@ def _blame(world: _World, c: dict) -> str:
 
 
 def _judge(world: _World, story: str, calls: list, before, after, g: int, v: int, name: str):
-    d, full, first, last = world.d, world.d * (1 - TOL), calls[0], calls[-1]
+    d = world.d
+    full = d * (1 - TOL)
+    first, last = calls[0], calls[-1]
     row = next((r for r in after if r[0] == name), None)
     blamed = {_blame(world, x["c"]) for x in calls if x["steal"]}
     won = last["c"] is not None and not last["steal"]  # the last call claimed, in time
-    checks = [(prop, prop not in blamed, RULES[prop], DETAILS[prop].format(d=d, ran=x["run"]),
-               acted) for prop, acted, x in (
-        ("full duration", won and last["run"] >= full, last),
-        ("unchanged version", story in LIVE and first["moved"] and won, first),
-        ("race", story == "race" and won, last),
-        ("reconnect", story == "drop_live" and first["dropped"] and won, first),
-    )]  # fmt: skip
+    checks = [
+        (prop, prop not in blamed, RULES[prop], DETAILS[prop].format(d=d, ran=x["run"]), acted)
+        for prop, acted, x in (
+            ("full duration", won and last["run"] >= full, last),
+            ("unchanged version", story in LIVE and first["moved"] and won, first),
+            ("race", story == "race" and won, last),
+            ("reconnect", story == "drop_live" and first["dropped"] and won, first),
+        )
+    ]
     if story == "drop_dies" and first["dropped"] and not first["steal"]:
-        checks.append(("reconnect", won, "after a dropped wait, B reads the record again, waits "
-                       "a whole quiet duration from there, and claims",
-                       f"B returned {first['got']!r}; A's last heartbeat came before the drop", True))  # fmt: skip
+        rule = (
+            "after a dropped wait, B reads the record again, waits a whole quiet duration from "
+            "there, and claims"
+        )
+        detail = f"B returned {first['got']!r}; A's last heartbeat came before the drop"
+        checks.append(("reconnect", won, rule, detail, True))
     if story == "quiet":
-        checks.append(("claims", first["c"] is not None, "a lease whose holder stays quiet for a "
-                       "whole duration is claimed", f"B returned {first['got']!r}, left {row}", True))  # fmt: skip
+        rule = "a lease whose holder stays quiet for a whole duration is claimed"
+        detail = f"B returned {first['got']!r}, left {row}"
+        checks.append(("claims", first["c"] is not None, rule, detail, True))
+    unclaimed = "B returns None when it did not claim"
     for x in calls:
         if x["c"] is None:
-            checks.append(("claims", x["got"] is None, "B returns None when it did not claim",
-                           f"it returned {x['got']!r}", False))  # fmt: skip
+            checks.append(
+                ("claims", x["got"] is None, unclaimed, f"it returned {x['got']!r}", False)
+            )
     if last["c"] is not None:
         got = last["got"]
         others = [r for r in after if r[0] != name] == [r for r in before if r[0] != name]
-        checks += [
-            ("claims", row[1] == "B" and row[2] == g + 1, "a claim makes B the owner with the "
-             "next generation (its fencing token)", f"the record became {row}", True),
-            ("claims", row[3] > world.mine.version >= v, "a claim moves the version",
-             f"the version went from {world.mine.version} to {row[3]}", True),
-            ("claims", got == row[2] and type(got) is int, "the claim returns the new generation",
-             f"it returned {got!r}; the record's generation is {row[2]}", True),
-            ("claims", others, "a claim changes only the named lease's record",
-             f"the other records went from {before} to {after}", True),
-        ]  # fmt: skip
+        owner = "a claim makes B the owner with the next generation (its fencing token)"
+        moved = f"the version went from {world.mine.version} to {row[3]}"
+        returned = f"it returned {got!r}; the record's generation is {row[2]}"
+        changed = f"the other records went from {before} to {after}"
+        claims = [
+            (row[1] == "B" and row[2] == g + 1, owner, f"the record became {row}"),
+            (row[3] > world.mine.version >= v, "a claim moves the version", moved),
+            (got == row[2] and type(got) is int, "the claim returns the new generation", returned),
+            (others, "a claim changes only the named lease's record", changed),
+        ]
+        checks += [("claims", ok, rule, detail, True) for ok, rule, detail in claims]
     expect_all(
         [(ok, rule, detail, prop) for prop, ok, rule, detail, acted in checks if acted or not ok]
     )
