@@ -93,9 +93,8 @@ def check(task_id: str, answer: Any, *, run: int | None = None) -> None:
 
 
 def _start_judge():
-    """A judge for the next check, started now (``python -m labkit.grading.judge --ready``):
-    its checks load and its fresh sandbox starts before that check is called. It is used only
-    by a check in the same environment, folder and Python; it ends when its stdin closes."""
+    """A judge for the next check (``python -m labkit.grading.judge --ready``), started now so
+    that its checks load and its fresh sandbox starts first; it ends when its stdin closes."""
     import subprocess
 
     pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -325,9 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     items = program(request)
     if name and (not items or items[-1][:2] != ("check", task)):
         items.append(("check", task, name[0]))
-    report = judge(items, {task}, run=run, box=box).get(task) or refused(
-        task, f"no check of {task}"
-    )
+    found = judge(items, {task}, run=run, box=box)
+    report = found.get(task) or refused(task, f"no check of {task}")
     print(json.dumps(report.to_json()))
     return 0
 
