@@ -4,7 +4,6 @@ keeps the mode it was made in, and a panel made in a ``with present():`` block i
 The browser half (what Chromium shows at 1400 px) is in test_browser.py; here, the figures'
 own font sizes, in the pixels a notebook output shows them at."""
 
-import base64
 import re
 
 import IPython
@@ -130,7 +129,7 @@ def test_a_picture_drawn_outside_presenter_mode_stays_as_it_is():
     present()
     panel.controls["pause"].value = 5  # moved while presenter mode is on
     present(False)
-    shown = base64.b64decode(panel.image.outputs[0]["data"]["image/png"])
+    shown = panel.image.value
     assert shown == TimelineRenderer(lanes=panel.reserved).png(panel.result)
     normal = TimelineRenderer([RUN]).png(RUN)
     present()
