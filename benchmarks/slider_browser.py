@@ -74,7 +74,8 @@ _WS_PROBE_JS = r"""(() => {
                                          Math.min(4096, data.byteLength)));
         const type = /"msg_type":\s*"(\w+)"/.exec(text)?.[1] ?? '?';
         const method = /"method":\s*"(\w+)"/.exec(text)?.[1] ?? '';
-        const keys = /"state":\s*\{"(\w+)"/.exec(text)?.[1] ?? '';
+        const keys = /"state":\s*\{"(\w+)"/.exec(text)?.[1]
+            ?? /"buffer_paths":\s*\[\["(\w+)"/.exec(text)?.[1] ?? '';  // bytes go in buffers
         return {type, method, keys, bytes: data.byteLength ?? data.length};
     };
     window.WebSocket = class extends Base {
@@ -118,7 +119,8 @@ _wrap(ipywidgets.Widget, "_handle_msg", lambda self, msg: _mark(
 _wrap(_panels.Explorer, "update", lambda self: _mark("update"), "updated")
 _wrap(render.TimelineRenderer, "png", lambda self, result: _mark("png"), "png_done")
 _wrap(ipywidgets.Widget, "_send", lambda self, msg, buffers=None: _mark(
-    "send", method=msg.get("method", ""), keys=",".join(msg.get("state", {}))))
+    "send", method=msg.get("method", ""),
+    keys=",".join([*msg.get("state", {}), *(path[0] for path in msg.get("buffer_paths", []))])))
 """
 
 # (name, start event, end event) of each stage of one press, in order.
