@@ -194,10 +194,10 @@ _RUN_FINISHED_JS = r"""(idle) => {
         && prompts.some((text) => /\[\d+\]/.test(text));
 }"""
 
-# True once the cell's first slider panel picture (a widgets.Image) is a new one.
+# True once the cell's first widget-output image is a PNG other than ``before``.
 _PLOT_CHANGED_JS = r"""([cell, before]) => {
-    const src = cell.querySelector('img.widget-image')?.getAttribute('src') ?? '';
-    return src.startsWith('blob:') && src !== before;
+    const src = cell.querySelector('.widget-output img')?.getAttribute('src') ?? '';
+    return src.startsWith('data:image/png;base64,') && src !== before;
 }"""
 
 _PNG_SRC = re.compile(r"^data:image/png;base64,")
@@ -255,10 +255,10 @@ def first_slider_cell(page):
 
 
 def plot_src(cell, timeout_ms: float) -> str:
-    """The ``src`` (a blob URL) of the first slider panel's picture, a widgets.Image, in ``cell``."""
-    image = cell.locator("img.widget-image").first
-    expect(image, "no picture (widgets.Image) in the slider cell").to_have_attribute(
-        "src", re.compile("^blob:"), timeout=timeout_ms
+    """The PNG ``src`` of the first image inside a widget Output area of ``cell``."""
+    image = cell.locator(".widget-output img").first
+    expect(image, "no PNG plot inside the slider cell's widget Output").to_have_attribute(
+        "src", _PNG_SRC, timeout=timeout_ms
     )
     return image.get_attribute("src")
 

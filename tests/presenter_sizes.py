@@ -90,10 +90,7 @@ _INK_JS = r"""async (cell, boxes) => {
         });
     }
     const shown = img.getBoundingClientRect().width;
-    // the bytes shown, from a data URI (an Output's image) or a blob URL (a panel's widgets.Image)
-    const bytes = new Uint8Array(await (await fetch(img.src)).arrayBuffer());
-    const png = btoa(Array.from(bytes, (b) => String.fromCharCode(b)).join(''));
-    return {scale: shown / w, size: [w, h], png: png, ink: ink};
+    return {scale: shown / w, size: [w, h], src: img.getAttribute('src'), ink: ink};
 }"""
 
 # The computed font size (CSS px) of each kind of HTML text in a cell's output.
@@ -139,7 +136,7 @@ def measure(page) -> dict[str, dict[str, float]]:
 
 
 def _sizes(probe: dict, shown: dict, html: dict) -> dict[str, float]:
-    png = base64.b64decode(shown["png"])
+    png = base64.b64decode(shown["src"].split(",", 1)[1])
     name = probe["name"]
     assert hashlib.sha256(png).hexdigest() == probe["sha256"], f"{name}: not the probed picture"
     off = max(abs(a - b) for a, b in zip(shown["size"], probe["size"]))  # matplotlib rounds

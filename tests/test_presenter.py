@@ -4,6 +4,7 @@ keeps the mode it was made in, and a panel made in a ``with present():`` block i
 The browser half (what Chromium shows at 1400 px) is in test_browser.py; here, the figures'
 own font sizes, in the pixels a notebook output shows them at."""
 
+import base64
 import re
 
 import IPython
@@ -129,7 +130,7 @@ def test_a_picture_drawn_outside_presenter_mode_stays_as_it_is():
     present()
     panel.controls["pause"].value = 5  # moved while presenter mode is on
     present(False)
-    shown = panel.image.value
+    shown = base64.b64decode(panel.image.outputs[0]["data"]["image/png"])
     assert shown == TimelineRenderer(lanes=panel.reserved).png(panel.result)
     normal = TimelineRenderer([RUN]).png(RUN)
     present()

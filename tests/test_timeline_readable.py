@@ -161,10 +161,10 @@ def test_the_herd_panel_shows_how_many_contend():
     that have no lane and their refused attempts."""
     call = next(call for name, call in CALLS if name.startswith("06") and "herd" in call)
     panel = eval(call, {"explore": explore, **vars(labkit.scenarios)})
-    before = panel.image.value
+    before = panel.image.outputs[0]["data"]["image/png"]
     texts = [text for text, _ in panel.renderer.label_boxes]
     panel.controls["contenders"].value = 40
-    assert panel.image.value != before
+    assert panel.image.outputs[0]["data"]["image/png"] != before
     after = [text for text, _ in panel.renderer.label_boxes]
     assert texts != after
     for contenders, shown in ((100, texts), (40, after)):

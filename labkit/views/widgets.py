@@ -1,7 +1,7 @@
 """Slider panels for notebooks: rerun a scenario on every change and redraw its timeline in place.
 
-A panel's timeline is a ``widgets.Image``: PNG bytes sent as a binary buffer, replacing the
-``src`` of one ``<img>``. :func:`replay` plays a run paced in wall-clock time (``simpy.rt``)."""
+The timeline is a PNG in a ``widgets.Output`` whose ``outputs`` are swapped in one update, so
+nothing flickers. :func:`replay` plays a run paced in wall-clock time (``simpy.rt``)."""
 
 import html
 import os
@@ -81,7 +81,7 @@ def _default_spec(name: str, default):
 
 class Explorer(widgets.VBox):
     """The slider panel of :func:`explore`: ``controls`` (knob -> widget, then seed and
-    protected), ``result`` (the latest run) and ``image`` (the Image whose value is the PNG)."""
+    protected), ``result`` (the latest run) and ``image`` (the Output holding the PNG)."""
 
     def __init__(self, scenario, controls: dict, fixed: dict) -> None:
         self.scenario, self.controls, self.fixed = scenario, controls, fixed
@@ -92,7 +92,7 @@ class Explorer(widgets.VBox):
         summary = re.sub(r"``(.+?)``", r"<code>\1</code>", summary)  # the docstring's literals
         self.title = widgets.HTML(f"<b>{html.escape(scenario.__name__)}</b> — {summary}")
         self.verdict, self.tables = widgets.HTML(), widgets.HTML()
-        self.image = widgets.Image(format="png")
+        self.image = widgets.Output(layout=widgets.Layout(min_height="320px"))
         knobs = widgets.VBox([w for k, w in controls.items() if k not in _FIXED])
         side = widgets.VBox([controls["protected"], controls["seed"]])
         top = widgets.HBox([knobs, side])
@@ -138,10 +138,11 @@ class Explorer(widgets.VBox):
             self.result = None
             error = html.escape(f"{type(exc).__name__}: {exc}")
             self.verdict.value = f"<div style='color:{COLOURS['rejected']}'>{error}</div>"
-            self.image.value, self.tables.value = b"", ""
+            self.image.outputs, self.tables.value = (), ""
             return None
         png = self.renderer.png(self.result)
-        self.image.value = png
+        self.image.layout.min_height = f"{self.renderer.canvas.get_width_height()[1]}px"
+        self.image.outputs = png_output(png)
         self.verdict.value = verdict_html(self.result)
         self.tables.value = tables_html(self.result.tables)
         return self.result
