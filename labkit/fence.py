@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
 from labkit.db import Engine, check_db, check_name, ensure, execute, in_transaction, quote
-from labkit.db import transaction
+from labkit.db import rowcount, transaction
 from labkit.errors import MAX_INT, BadArgument, BadArgumentType, LabkitError, StaleGeneration
 from labkit.errors import check_number
 
@@ -49,10 +49,8 @@ class Fence:
         epoch, counter = token(generation)
         with transaction(self.db) as conn:
             sql = """UPDATE job_fence SET epoch = $1, generation = $2
-                WHERE job_id = $3 AND (epoch, generation) <= ($1, $2) RETURNING epoch, generation"""
-            if not execute(
-                conn, sql, (epoch, counter, self.job)
-            ):  # no row back: the fence is above this token
+                WHERE job_id = $3 AND (epoch, generation) <= ($1, $2)"""
+            if not rowcount(conn, sql, (epoch, counter, self.job)):  # the fence is above it
                 raise StaleGeneration(show((epoch, counter)), self.current(), self.job)
             with _Block() as block:
                 yield Tx(conn, (epoch, counter), self.job, block)  # the effect, in this transaction
