@@ -215,12 +215,11 @@ BEGIN
         WHEN typeof(NEW.{column}) <> 'integer' OR typeof({epoch}) <> 'integer'
             THEN RAISE(ABORT, 'labkit: generation must be an integer')
         WHEN NEW.job_id IS NULL THEN RAISE(ABORT, 'labkit: job_id must not be NULL')
-        WHEN NOT EXISTS (SELECT 1 FROM job_fence WHERE job_id = NEW.job_id)
-            THEN RAISE(ABORT, 'labkit: no fence row for this job')
-        WHEN ({epoch}, NEW.{column}) < (SELECT epoch, generation FROM job_fence WHERE job_id =
-            NEW.job_id) THEN RAISE(ABORT, 'labkit: stale generation')
-        WHEN ({epoch}, NEW.{column}) > (SELECT 0, generation FROM lease_counter WHERE name =
-            NEW.job_id) THEN RAISE(ABORT, 'labkit: token never issued')
+        ELSE CASE (SELECT ({epoch}, NEW.{column}) >= (epoch, generation) FROM job_fence
+            WHERE job_id = NEW.job_id) WHEN 0 THEN RAISE(ABORT, 'labkit: stale generation')
+        WHEN 1 THEN CASE WHEN ({epoch}, NEW.{column}) > (SELECT 0, generation FROM lease_counter
+            WHERE name = NEW.job_id) THEN RAISE(ABORT, 'labkit: token never issued') END
+        ELSE RAISE(ABORT, 'labkit: no fence row for this job') END  -- one fence lookup: NULL
     END;
 END"""  # before a row is written, judge it; after it really was (INSERT OR IGNORE), raise its fence
 _RAISE_FENCE = """
