@@ -30,12 +30,13 @@ __all__ = ["connect", "transaction", "execute", "rowcount", "in_transaction", "c
 __all__ += ["check_name", "quote", "ensure", "ensure_schema"]
 
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS lease_counter (name TEXT PRIMARY KEY, generation INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS lease_counter (name TEXT PRIMARY KEY, generation INTEGER NOT NULL)
+    WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY, owner TEXT NOT NULL, generation INTEGER NOT NULL,
     expires_at REAL NOT NULL, ttl REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS job_fence (job_id TEXT PRIMARY KEY,
-    epoch INTEGER NOT NULL DEFAULT 0, generation INTEGER NOT NULL DEFAULT 0);
+    epoch INTEGER NOT NULL DEFAULT 0, generation INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS idempotency_keys (key TEXT PRIMARY KEY, payload TEXT, result TEXT);
 CREATE TABLE IF NOT EXISTS invoices (
     job_id TEXT NOT NULL, invoice_id TEXT NOT NULL, amount INTEGER NOT NULL,
