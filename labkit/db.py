@@ -18,7 +18,8 @@ import functools
 import os
 import re
 import sqlite3
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence  # not typing's: its isinstance is Python code
+from typing import TYPE_CHECKING, Any, Iterator
 
 from labkit.errors import BadArgument, BadArgumentType, Busy, LabkitError, StaleGeneration
 from labkit.errors import check_number
