@@ -2,7 +2,7 @@
 
 * ``plain``     -- ``BEGIN IMMEDIATE; INSERT; COMMIT`` (labkit.db.transaction + execute)
 * ``guard``     -- the same insert through ``Fence.guard``: the conditional
-                   ``UPDATE job_fence ... RETURNING`` first, then the insert
+                   ``UPDATE job_fence ...`` (its row count) first, then the insert
 * ``protected`` -- the same plain transaction into a table guarded by
                    ``Fence.protect``: SQLite's trigger checks the token and
                    raises the fence inside the INSERT itself

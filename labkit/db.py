@@ -18,7 +18,8 @@ import functools
 import os
 import re
 import sqlite3
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence  # not typing's: its isinstance is Python code
+from typing import TYPE_CHECKING, Any, Iterator
 
 from labkit.errors import BadArgument, BadArgumentType, Busy, LabkitError, StaleGeneration
 from labkit.errors import check_number
@@ -30,12 +31,13 @@ __all__ = ["connect", "transaction", "execute", "rowcount", "in_transaction", "c
 __all__ += ["check_name", "quote", "ensure", "ensure_schema"]
 
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS lease_counter (name TEXT PRIMARY KEY, generation INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS lease_counter (name TEXT PRIMARY KEY, generation INTEGER NOT NULL)
+    WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS leases (
     name TEXT PRIMARY KEY, owner TEXT NOT NULL, generation INTEGER NOT NULL,
     expires_at REAL NOT NULL, ttl REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS job_fence (job_id TEXT PRIMARY KEY,
-    epoch INTEGER NOT NULL DEFAULT 0, generation INTEGER NOT NULL DEFAULT 0);
+    epoch INTEGER NOT NULL DEFAULT 0, generation INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS idempotency_keys (key TEXT PRIMARY KEY, payload TEXT, result TEXT);
 CREATE TABLE IF NOT EXISTS invoices (
     job_id TEXT NOT NULL, invoice_id TEXT NOT NULL, amount INTEGER NOT NULL,
@@ -123,10 +125,10 @@ def _run(db, sql: str, params: Any) -> tuple[list[tuple], int]:
         raise BadArgumentType("sql", f"must be a str, got {type(sql).__name__}")
     try:
         if "$" in sql and isinstance(params, Sequence) and not isinstance(params, (str, bytes)):
-            if (most := _placeholders(sql)) and len(params) != most:
-                raise BadArgument("params", f"{len(params)} values for $1..${most}")
-            if most and not isinstance(conn, Engine):  # by SQLite's names for them, "1", "2", ...
-                params = {str(i): value for i, value in enumerate(params, 1)}
+            if (names := _names(sql)) and len(params) != len(names):
+                raise BadArgument("params", f"{len(params)} values for $1..${len(names)}")
+            if names and not isinstance(conn, Engine):  # by SQLite's names for them, "1", "2", ...
+                params = dict(zip(names, params))
         with contextlib.closing(conn.execute(sql, params)) as cursor:
             return cursor.fetchall(), cursor.rowcount
     except OverflowError as exc:
@@ -140,9 +142,10 @@ _TEXT = re.compile(r"""'(?:[^']|'')*'|"(?:[^"]|"")*"|(\$(?:[A-Za-z_]\w*)?\$).*?\
 
 
 @functools.lru_cache(maxsize=1024)
-def _placeholders(sql: str) -> int:
-    """The highest ``$n`` of ``sql``: how many values it takes (its statements are constants)."""
-    return max(map(int, re.findall(r"(?<![\w$])\$(\d+)", _TEXT.sub(" ", sql))), default=0)
+def _names(sql: str) -> tuple[str, ...]:
+    """SQLite's names of ``$1`` .. the highest ``$n`` of ``sql`` (its statements are constants)."""
+    most = max(map(int, re.findall(r"(?<![\w$])\$(\d+)", _TEXT.sub(" ", sql))), default=0)
+    return tuple(map(str, range(1, most + 1)))
 
 
 def _translate(exc: sqlite3.Error, conn: sqlite3.Connection, params: Any = ()) -> LabkitError:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
 from labkit.db import Engine, check_db, check_name, ensure, execute, in_transaction, quote
-from labkit.db import transaction
+from labkit.db import rowcount, transaction
 from labkit.errors import MAX_INT, BadArgument, BadArgumentType, LabkitError, StaleGeneration
 from labkit.errors import check_number
 
@@ -49,10 +49,8 @@ class Fence:
         epoch, counter = token(generation)
         with transaction(self.db) as conn:
             sql = """UPDATE job_fence SET epoch = $1, generation = $2
-                WHERE job_id = $3 AND (epoch, generation) <= ($1, $2) RETURNING epoch, generation"""
-            if not execute(
-                conn, sql, (epoch, counter, self.job)
-            ):  # no row back: the fence is above this token
+                WHERE job_id = $3 AND (epoch, generation) <= ($1, $2)"""
+            if not rowcount(conn, sql, (epoch, counter, self.job)):  # the fence is above it
                 raise StaleGeneration(show((epoch, counter)), self.current(), self.job)
             with _Block() as block:
                 yield Tx(conn, (epoch, counter), self.job, block)  # the effect, in this transaction
@@ -217,12 +215,11 @@ BEGIN
         WHEN typeof(NEW.{column}) <> 'integer' OR typeof({epoch}) <> 'integer'
             THEN RAISE(ABORT, 'labkit: generation must be an integer')
         WHEN NEW.job_id IS NULL THEN RAISE(ABORT, 'labkit: job_id must not be NULL')
-        WHEN NOT EXISTS (SELECT 1 FROM job_fence WHERE job_id = NEW.job_id)
-            THEN RAISE(ABORT, 'labkit: no fence row for this job')
-        WHEN ({epoch}, NEW.{column}) < (SELECT epoch, generation FROM job_fence WHERE job_id =
-            NEW.job_id) THEN RAISE(ABORT, 'labkit: stale generation')
-        WHEN ({epoch}, NEW.{column}) > (SELECT 0, generation FROM lease_counter WHERE name =
-            NEW.job_id) THEN RAISE(ABORT, 'labkit: token never issued')
+        ELSE CASE (SELECT ({epoch}, NEW.{column}) >= (epoch, generation) FROM job_fence
+            WHERE job_id = NEW.job_id) WHEN 0 THEN RAISE(ABORT, 'labkit: stale generation')
+        WHEN 1 THEN CASE WHEN ({epoch}, NEW.{column}) > (SELECT 0, generation FROM lease_counter
+            WHERE name = NEW.job_id) THEN RAISE(ABORT, 'labkit: token never issued') END
+        ELSE RAISE(ABORT, 'labkit: no fence row for this job') END  -- one fence lookup: NULL
     END;
 END"""  # before a row is written, judge it; after it really was (INSERT OR IGNORE), raise its fence
 _RAISE_FENCE = """

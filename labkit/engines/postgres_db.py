@@ -26,6 +26,7 @@ from labkit.errors import check_number
 __all__ = ["PostgresDatabase", "ServerGone", "connect", "BEGIN"]
 
 SCHEMA = core.SCHEMA.replace("INTEGER", "BIGINT").replace("REAL", "DOUBLE PRECISION")
+SCHEMA = SCHEMA.replace("WITHOUT ROWID", "")  # SQLite's: a keyed table without a rowid index
 GONE = (
     "the connection to PostgreSQL was lost{where}; the server rolled back whatever this "
     "connection had not committed, so nothing half-written stays: reconnect with "
