@@ -129,13 +129,13 @@ class Tx:
     _block: _Block | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if type(self._block) is _Block:  # made by guard or unfenced, from parts they checked
+            return
+        if self.job is not None:
+            raise BadArgument("job", "only Fence.guard makes a fenced Tx")
         check_db(self.conn, "conn")
         if not isinstance(self.token, tuple) or len(self.token) != 2:
             raise BadArgumentType("token", f"must be an (epoch, counter) tuple, got {self.token!r}")
-        if self.job is not None:
-            check_name(self.job, "job")
-            if not isinstance(self._block, _Block):
-                raise BadArgument("job", "only Fence.guard makes a fenced Tx")
 
     @property
     def live(self) -> bool:
