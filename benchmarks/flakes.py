@@ -46,14 +46,16 @@ def files(only: list[str] | None) -> list[Path]:
     return [p for p in found if not only or p.name in only]
 
 
-def failures(junit: Path) -> list[str]:
-    """The test ids that failed or errored in one run's JUnit file."""
+def failures(junit: Path) -> dict[str, str]:
+    """The test ids that failed or errored in one run's JUnit file, each with its message."""
     if not junit.exists():
-        return ["(the run wrote no report)"]
-    bad = []
+        return {"(the run wrote no report)": ""}
+    bad = {}
     for case in ET.parse(junit).iter("testcase"):
-        if case.find("failure") is not None or case.find("error") is not None:
-            bad.append(f"{case.get('classname')}::{case.get('name')}")
+        found = case.find("failure")
+        found = case.find("error") if found is None else found
+        if found is not None:
+            bad[f"{case.get('classname')}::{case.get('name')}"] = found.get("message", "")[:300]
     return bad
 
 
@@ -75,10 +77,10 @@ def main(argv=None) -> int:
             subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
             seconds.append(time.perf_counter() - began)
             bad = failures(junit)
-            failed.update(bad)
+            failed.update(list(bad))
             print(f"run {run}/{args.runs}: {len(bad)} failed in {seconds[-1]:.0f} s", flush=True)
-            for test in bad:
-                print(f"    {test}", flush=True)
+            for test, message in bad.items():
+                print(f"    {test}\n        {message}", flush=True)
     print(f"\n{args.runs} runs of {len(chosen)} files, {sum(seconds):.0f} s in all")
     for test, times in failed.most_common():
         print(f"  failed {times}/{args.runs}: {test}")
