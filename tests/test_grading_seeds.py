@@ -8,7 +8,6 @@ check modules' own code (which ship with the student's copy) buys it nothing.
 
 import concurrent.futures
 import contextlib
-import pathlib
 import multiprocessing
 
 import pytest
@@ -16,7 +15,9 @@ import pytest
 import corpus_part1
 import corpus_part2
 from answers import define, judged
+from labkit.engines.servers import proc_state
 from labkit.grading import Broken, Report, tasks_loaded, verdicts
+from polling import wait_for
 
 CORPUS = {**corpus_part1.CORPUS, **corpus_part2.CORPUS}
 #: a few answers per kind of input: pure numbers (01.2, 05.1), an rng passed in (06.2), a race (02.1),
@@ -229,7 +230,8 @@ def test_a_judge_started_ahead_ends_with_its_sandbox_when_its_kernel_goes():
         assert sandbox
         ahead.stdin.close()
         assert ahead.wait(timeout=30) == 0, ahead.stderr.read()
-    assert not any(pathlib.Path(f"/proc/{pid}").exists() for pid in sandbox), sandbox
+    # its sandbox's processes end with it (a moment later: reparented, they are reaped by init)
+    wait_for(lambda: all(proc_state(pid) in ("gone", "Z") for pid in sandbox), "the sandbox's end")
 
 
 HOOK = """import sys
