@@ -80,16 +80,9 @@ RELAY_HOSTILE = hostile(
     ("three emails, no trouble", 3, 0, 0, {}, 0),
     ("the 1st send goes out but the relay dies before marking it", 2, 0, 0, {1: "after"}, 0),
     ("the 2nd send never reaches the provider", 3, 0, 1, {2: "before"}, 0),
-    (
-        "one email was relayed before; the 1st send now dies after delivering",
-        3,
-        1,
-        0,
-        {1: "after"},
-        0,
-    ),
+    ("one email was relayed before; the 1st send now dies after delivering", 3, 1, 0, {1: "after"}, 0),
     ("the relay dies at its 3rd SQL statement", 2, 0, 0, {}, 3),
-)
+)  # fmt: skip
 
 
 def _publish_intents(admin, outbox, k, rng, job: str) -> tuple[list, list]:
@@ -115,18 +108,28 @@ def _publish_intents(admin, outbox, k, rng, job: str) -> tuple[list, list]:
     return emails, [key for key, _ in emails[: k["sent_before"]]]
 
 
+RELAY_PROPS = {
+    "never lost": "every committed email intent is delivered, even when a send fails",
+    "never twice": "no email goes out twice, even when the relay dies between sending and marking",
+    "marked sent": "after a clean relay run, every delivered intent is marked sent",
+    "others alone": "the email relay leaves other kinds of intent alone",
+}
+RELAY_RULES = {  # the findings' rules that RELAY_PROPS does not word already
+    "never lost": "every committed email intent is delivered, even when a send fails or the "
+    "relay dies",
+    "once": "each committed email intent reaches the provider once (a resend carries its key), "
+    "even when the relay dies between sending and marking",
+    "only": "the relay sends only the committed email intents",
+}
+
+
 @task(
     "08.1",
     "the outbox relay",
     RELAY_HOSTILE,
     count=16,
     make=_relay_knobs,
-    properties={
-        "never lost": "every committed email intent is delivered, even when a send fails",
-        "never twice": "no email goes out twice, even when the relay dies between sending and marking",
-        "marked sent": "after a clean relay run, every delivered intent is marked sent",
-        "others alone": "the email relay leaves other kinds of intent alone",
-    },
+    properties=RELAY_PROPS,
 )
 def relay_check(answer, schedule: Schedule, history: list) -> None:
     """Trial for 08.1: ``answer(db, mail)`` sends pending email intents, each with its key."""
@@ -172,27 +175,24 @@ def relay_check(answer, schedule: Schedule, history: list) -> None:
         charges = execute(admin, "SELECT state FROM outbox WHERE kind = 'charge'")
         sent, wanted = [r["payload"] for r in records], [e for _, e in emails]
         after = f"after {runs} relay runs"
-        # fmt: off
+        lost = [e["subject"] for e in wanted if e not in sent]
+        marked = all(states[key] == "sent" for key, _ in emails)
         checks = [
-            ("never lost", all(e in sent for e in wanted),
-             "every committed email intent is delivered, even when a send fails or the relay dies",
-             f"never delivered {after}: {[e['subject'] for e in wanted if e not in sent]}"),
-            ("marked sent", all(states[key] == "sent" for key, _ in emails),
-             "after a clean relay run, every delivered intent is marked sent", f"outbox states: {states}"),
+            ("never lost", not lost, RELAY_RULES["never lost"], f"never delivered {after}: {lost}"),
+            ("marked sent", marked, RELAY_PROPS["marked sent"], f"outbox states: {states}"),
         ]
         if calls:  # the answer sent something: judge what it sent and what it marked
             twice = [e["subject"] for e in wanted if sent.count(e) > 1]
             extra = [p["subject"] for p in sent if p not in wanted]
+            alone = all(s == "pending" for (s,) in charges)
+            again = f"delivered more than once {after}: {twice}"
+            unasked = f"emails no intent asked for: {extra}"
+            others = f"charge intents now {charges}"
             checks += [
-                ("never twice", not twice, ("each committed email intent reaches the provider once (a resend "
-                 "carries its key), even when the relay dies between sending and marking"),
-                 f"delivered more than once {after}: {twice}"),
-                ("never twice", not extra, "the relay sends only the committed email intents",
-                 f"emails no intent asked for: {extra}"),
-                ("others alone", all(s == "pending" for s, in charges),
-                 "the email relay leaves other kinds of intent alone", f"charge intents now {charges}"),
+                ("never twice", not twice, RELAY_RULES["once"], again),
+                ("never twice", not extra, RELAY_RULES["only"], unasked),
+                ("others alone", alone, RELAY_PROPS["others alone"], others),
             ]
-        # fmt: on
         _judge(checks)
 
 

@@ -31,7 +31,7 @@ CHECK_MODULES = (
     "labkit.grading.lab",
     "labkit.grading.writers",
     *(f"labkit.grading.checks{lesson:02}" for lesson in range(1, 10)),
-    "labkit.grading.checks06b",
+    *(f"labkit.grading.checks{part}" for part in ("04b", "05b", "06b", "07b")),
 )
 #: the statements of one call that the rival is put before, one schedule each, at most
 BOUNDARIES = 200
