@@ -4,8 +4,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 NBVAL  := -p no:hypothesispytest --nbval-lax --nbval-current-env
-# both cores: each test file (each notebook) runs whole on one worker, so module fixtures stay one
+# both cores: each test file (each notebook) runs whole on one worker, so module fixtures stay one.
+# The tests run on three workers: much of their time is waiting (servers starting, paced replays,
+# the browser, the judge's processes), which a third worker fills; the notebooks are busy: two
 XDIST  := -n 2 --dist loadfile
+TESTS_XDIST := -n 3 --dist loadfile
 # `make lab TOKEN=... PORT=...` to choose; otherwise a new token and the first free port from 8888,
 # each computed once in the recipe's shell, so the URL printed is the one the server accepts.
 FREEPORT := import socket; print(next(p for p in range(8888, 8999) if socket.socket().connect_ex(("127.0.0.1", p))))
@@ -31,7 +34,7 @@ lab: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff format --check labkit
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q $(XDIST) --durations=25 tests
+	$(BIN)/python -m pytest -q $(TESTS_XDIST) --durations=25 tests
 	$(BIN)/python -m pytest -q $(XDIST) $(NBVAL) notebooks solutions
 
 exercises: $(STAMP)

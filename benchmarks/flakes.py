@@ -3,7 +3,7 @@
 A test file counts when its source starts something real: a subprocess, a fork, a signal sent,
 a team of worker processes, a throwaway server (PostgreSQL, Redis, etcd), a sandboxed judge,
 or the browser (the words in ``STARTS`` below), or when it is a contract module that runs on
-PostgreSQL too (``tests/engines.py``'s ``CONTRACT``). Each run is one ``pytest`` over all of them, on both cores as
+PostgreSQL too (``tests/engines.py``'s ``CONTRACT``). Each run is one ``pytest`` over all of them, on three workers as
 ``make test`` runs them, with a JUnit file read back for the failures. At the end it prints,
 for each test that ever failed, how many runs it failed in, and exits 1 if any did.
 
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
         for run in range(1, args.runs + 1):
             junit = Path(scratch) / f"run{run}.xml"
             began = time.perf_counter()
-            argv = [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile"]
+            argv = [sys.executable, "-m", "pytest", "-q", "-n", "3", "--dist", "loadfile"]
             argv += [f"--junitxml={junit}", *map(str, chosen)]
             subprocess.run(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
             seconds.append(time.perf_counter() - began)
