@@ -6,8 +6,8 @@ uses was started ahead (``--ready``: when the notebook imported the grader, or a
 check), so the student waits for the cells and the schedules only: ``ready`` times exactly
 that, from handing over the cells to the Report, once the judge has said it is ready. Beside
 it, in the same run: ``cold``, a judge started at the check (``python -m labkit.grading.judge
-TASK``, as before), and ``empty``, a cold judge given no cells (the fixed cost a ready judge
-no longer pays). Each is the median of ``--repeat`` runs, with the solution's cells up to the
+TASK``, as before), and ``empty``, a cold judge given no cells (the interpreter, the imports
+and the checks loading, but no sandbox: less than a ready judge saves, which is cold - ready). Each is the median of ``--repeat`` runs, with the solution's cells up to the
 task's check cell.
 
 Run: ``make bench`` or ``python benchmarks/checks.py [--repeat 3]``.

@@ -5,7 +5,7 @@
 number of notebooks, each one code cell (``pass``), in a temporary folder, in the same way.
 The two are run in turns (``--rounds`` of each, course first, then the floor) so that machine
 noise lands on both; printed: each round's seconds, the median of each, and their ratio
-(target: 2.0 or less). A course run that fails is reported and the script exits 1.
+(target: 2.0 or less). A run that fails is reported and the script exits 1.
 
 Run: ``make bench`` or ``python benchmarks/nbval_floor.py [--rounds 2]``.
 """
@@ -26,7 +26,8 @@ NBVAL = ["-p", "no:hypothesispytest", "--nbval-lax", "--nbval-current-env", "-n"
 
 
 def course() -> list[Path]:
-    return sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "solutions").glob("*.ipynb"))
+    """What ``make test``'s nbval step collects: every notebook below notebooks/ and solutions/."""
+    return sorted((ROOT / "notebooks").rglob("*.ipynb")) + sorted((ROOT / "solutions").rglob("*.ipynb"))
 
 
 def empty_notebooks(folder: Path, count: int) -> list[Path]:
@@ -60,7 +61,8 @@ def main(argv=None) -> int:
             seconds, status = timed(notebooks, ROOT)
             failed |= status != 0
             times["course"].append(seconds)
-            floor, _ = timed(empties, Path(scratch))
+            floor, status = timed(empties, Path(scratch))
+            failed |= status != 0
             times["floor"].append(floor)
             print(f"round {round_}: course {seconds:.1f} s{' (FAILED)' * (status != 0)}, "
                   f"floor {floor:.1f} s", flush=True)

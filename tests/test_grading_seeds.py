@@ -211,7 +211,8 @@ def test_a_judge_started_ahead_grades_as_the_check_cells_judge_does():
     with subprocess.Popen([sys.executable, "-m", "labkit.grading.judge", "--ready"], **pipes) as ahead:
         assert ahead.stdout.readline() == "ready\n"
         assert _children(ahead.pid), "no sandbox runs before the check"
-        out, err = ahead.communicate(json.dumps({"argv": argv, "cells": sources}), timeout=120)
+        request = json.dumps({"argv": argv, "cells": sources}) + "\n"
+        out, err = ahead.communicate(request, timeout=120)
     warm = json.loads(out.strip().splitlines()[-1])
     assert warm == json.loads(cold.stdout.strip().splitlines()[-1]) and warm["run"] == 4242, err
     assert Report.from_json(warm).passed, warm

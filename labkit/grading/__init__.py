@@ -74,14 +74,19 @@ def check(task_id: str, answer: Any, *, run: int | None = None) -> None:
         except BadArgument:
             judge.kill()
             raise
+        request = json.dumps({"argv": argv, "cells": sources}) + "\n"  # one line: see main
         try:  # a judge bounds every task; this bounds the judge, whatever happens to it
-            out, err = judge.communicate(json.dumps({"argv": argv, "cells": sources}), timeout=600)
+            out, err = judge.communicate(request, timeout=600)
         except subprocess.TimeoutExpired:
             judge.kill()
             out, err = "", "labkit.grading: the judge did not finish within 600 s\n"
-    _judges.append(_start_judge())  # the next check's, ready while the student works
+        except KeyboardInterrupt:  # its own session: the notebook's interrupt does not reach it
+            judge.kill()
+            raise
+    with contextlib.suppress(OSError):  # no next judge now: the next check starts its own
+        _judges.append(_start_judge())  # the next check's, ready while the student works
     sys.__stderr__.write(err)  # never into the check cell's compared output
-    lines = out.strip().splitlines()
+    lines = [line for line in out.splitlines() if line.startswith("{")]  # not its "ready"
     report = (
         Report.from_json(json.loads(lines[-1]))
         if lines
@@ -98,17 +103,24 @@ def _start_judge():
     import subprocess
 
     pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    judge = subprocess.Popen([sys.executable, "-m", "labkit.grading.judge", "--ready"], **pipes)
-    judge.made_for = (dict(os.environ), os.getcwd())
+    argv = [sys.executable, "-m", "labkit.grading.judge", "--ready"]
+    judge = subprocess.Popen(argv, **pipes, start_new_session=True)  # an interrupt: not its
+    judge.made_for = _made_for()
     return judge
 
 
+def _made_for() -> tuple:
+    """What a judge started ahead depends on: the environment, the folder, the checks' code."""
+    checks = max(p.stat().st_mtime_ns for p in Path(__file__).parent.glob("*.py"))
+    return dict(os.environ), os.getcwd(), checks
+
+
 def _ready_judge():
-    """The judge started ahead for this check, if it is alive and was made for this environment
-    and folder (others are told to end); else one started now."""
+    """The judge started ahead for this check, if it is alive and was made for what is here
+    now (others are ended); else one started now."""
     for judge in _judges[:]:
         _judges.remove(judge)
-        if judge.poll() is None and judge.made_for == (dict(os.environ), os.getcwd()):
+        if judge.poll() is None and judge.made_for == _made_for():
             return judge
         judge.kill()
         judge.communicate()

@@ -244,7 +244,8 @@ def judge(items: list[tuple], tasks=None, *, hide=(), timeout=30.0, run=None, bo
                 break
             if hung is None and (box is None or box.broken):
                 if box is not None:
-                    loading.join()
+                    if loading.ident:
+                        loading.join()
                     box.close()
                 box = Sandbox(hide=hide, timeout=timeout)
                 if not loading.ident:
@@ -314,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
         box = Sandbox()
         with contextlib.suppress(BrokenPipeError):  # the kernel may be gone already
             print("ready", flush=True)
-    request = json.loads(sys.stdin.read() or "null")
+    # a ready judge reads one line: a process the kernel forked later may hold its stdin open
+    request = json.loads((sys.stdin.readline() if box is not None else sys.stdin.read()) or "null")
     if box is not None:
         if request is None:  # the kernel went away before it checked anything
             box.close()
