@@ -272,3 +272,31 @@ def test_a_check_cell_uses_the_judge_started_ahead_and_starts_the_next():
     assert seen["first"] == [["--ready"], ["--ready"]], seen  # at the import; the next check's
     assert seen["then"] == [["--ready"], ["--ready"]], seen  # this check's own; the next's
     assert seen["waiting"] == [True], seen
+
+
+DIES = """import subprocess, sys, labkit.grading
+for judge in labkit.grading._judges:
+    judge.kill()
+dies = "import sys; print('ready', flush=True); sys.stdin.readline(); sys.exit(1)"
+pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+fake = subprocess.Popen([sys.executable, "-c", dies], **pipes)
+fake.made_for = labkit.grading._made_for()
+labkit.grading._judges[:] = [fake]"""
+
+
+def test_a_judge_that_dies_after_saying_ready_is_a_named_refusal():
+    """A judge started ahead that says ready, takes the check and dies without a Report: the
+    check cell fails with the grader's refusal, not a traceback of the judge's output."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    from labkit.grading import notebooks
+
+    sources = _solution_cells("05.1", "05-late-renewal.ipynb")
+    cells = [*sources[:-1], DIES, sources[-1]]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in cells])
+    folder = {"metadata": {"path": str(notebooks.ROOT / "solutions")}}
+    NotebookClient(nb, timeout=120, kernel_name="python3", resources=folder, allow_errors=True).execute()
+    (error,) = [o for o in nb.cells[-1].outputs if o.get("output_type") == "error"]
+    assert error["ename"] == "CheckFailed", error
+    assert "the judge failed" in "".join(error["traceback"]), error
