@@ -98,7 +98,7 @@ class EtcdStory:
     """What :func:`story` saw: the ``tokens`` issued, in order; the leader IDs ``before`` and
     ``after`` the kill, which came just before token number ``killed_before``; the holder whose
     lease ``expired`` (token); how long the cluster took to start (``started_in``) and the whole
-    run (``seconds``); every ``step``."""
+    run (``seconds``); every ``step``; the ``version`` a member reported."""
 
     tokens: tuple[int, ...]
     before: str
@@ -108,6 +108,7 @@ class EtcdStory:
     started_in: float
     seconds: float
     steps: tuple[Step, ...]
+    version: str = ""
 
     @property
     def increasing(self) -> bool:
@@ -137,7 +138,7 @@ def story(acquisitions: int = 20, *, ttl: int = 1, cluster: Cluster | None = Non
     acquisitions = check_number(acquisitions, "acquisitions", integer=True, low=4, high=1000)
     began = read_clock(_CLOCK)
     with _run(cluster) as run:
-        tokens, half = [], acquisitions // 2
+        tokens, half, version = [], acquisitions // 2, run.cluster.version()
         for i in range(acquisitions):
             who = "ABC"[i % 3]
             if i == half:
@@ -155,7 +156,7 @@ def story(acquisitions: int = 20, *, ttl: int = 1, cluster: Cluster | None = Non
         started = run.cluster.started_in
     seconds = read_clock(_CLOCK) - began
     return EtcdStory(
-        tuple(tokens), before, after, half, expired, started, seconds, tuple(run.steps)
+        tuple(tokens), before, after, half, expired, started, seconds, tuple(run.steps), version
     )
 
 
@@ -163,7 +164,8 @@ def story(acquisitions: int = 20, *, ttl: int = 1, cluster: Cluster | None = Non
 class RestoreStory:
     """What :func:`restore_story` saw: ``before`` the snapshot A's token; after it B's and C's
     (``issued``); after the restore D's ``reissued`` token; D's write ``refusal`` (None: it
-    landed); the fence's token at the end (``fence``); ``seconds``; every ``step``."""
+    landed); the fence's token at the end (``fence``); ``seconds``; every ``step``; the
+    ``version`` a member reported."""
 
     before: int
     issued: tuple[int, int]
@@ -172,6 +174,7 @@ class RestoreStory:
     fence: int
     seconds: float
     steps: tuple[Step, ...]
+    version: str = ""
 
     @property
     def text(self) -> str:
@@ -194,7 +197,7 @@ def restore_story(*, fenced: bool = True, cluster: Cluster | None = None) -> Res
     require()
     began = read_clock(_CLOCK)
     with _run(cluster) as run:
-        tokens = []
+        tokens, version = [], run.cluster.version()
         for who in "ABC":
             if who == "B":
                 run.cluster.snapshot(run.snapshot)
@@ -216,6 +219,7 @@ def restore_story(*, fenced: bool = True, cluster: Cluster | None = None) -> Res
         fence=fence,
         seconds=read_clock(_CLOCK) - began,
         steps=tuple(run.steps),
+        version=version,
     )
 
 

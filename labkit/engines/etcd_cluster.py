@@ -177,6 +177,11 @@ class Cluster:
             return None
         return leaders.pop()
 
+    def version(self) -> str:
+        """The etcd version that a running member reports (``/v3/maintenance/status``)."""
+        member = next(m for m in self.members if m.running)
+        return client(member.endpoint).status()["version"]
+
     def member(self, member_id: str) -> Member:
         """The running member whose ID is ``member_id``."""
         for member in self.members:

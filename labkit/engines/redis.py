@@ -47,7 +47,8 @@ class RedisStory:
     """What :func:`story` saw: its ``steps``; the tokens A and B were granted; what ``WAIT 1``
     answered before the stall (``replicated``) and on A's connection after its grant
     (``waited``); each write at the resource as ``(who, invoice, token, "ok" | "rejected")``;
-    the servers' pids (all stopped); seconds to start them and for the whole run."""
+    the servers' pids (all stopped); seconds to start them and for the whole run; the
+    ``version`` the primary reported (``INFO server``)."""
 
     protected: bool
     steps: tuple[Step, ...]
@@ -59,6 +60,7 @@ class RedisStory:
     server_pids: tuple[int, ...]
     start_seconds: float
     total_seconds: float
+    version: str = ""
 
     @property
     def reissued(self) -> bool:
@@ -169,6 +171,7 @@ def story(
         server_pids=pids,
         start_seconds=start,
         total_seconds=read_clock(clock) - began,
+        version=play.version,
     )
 
 
@@ -203,6 +206,7 @@ class _Play:
     def run(self, ttl: float, pause: float) -> None:
         pair, epoch, beat = self.pair, 0, ttl / 10
         ops = self.connect(pair.primary)
+        self.version = ops.info("server")["redis_version"]
         if self.protected:
             epoch = self.new_epoch(ops, 0, "the primary")
         for _ in range(6):  # six earlier holders

@@ -42,7 +42,8 @@ class RowLock:
     ``pg_locks``: locktype, relation, mode, granted, transaction id, holder's pid), and whether
     C's write on Y ``committed_beside`` it; how long B ``waited`` (seconds); ``refusal``, A's
     later stale write's StaleGeneration (None if it landed); the stopped ``server_pid``; the
-    ``steps`` of job X (B's wait, the raises of its fence, the writes), for the timeline."""
+    ``steps`` of job X (B's wait, the raises of its fence, the writes), for the timeline; the
+    ``version`` the server reported (``SHOW server_version``)."""
 
     a: int
     b: int
@@ -54,6 +55,7 @@ class RowLock:
     refusal: StaleGeneration | None
     server_pid: int
     steps: tuple[Step, ...] = ()  # for the timeline: seconds since A's guard opened
+    version: str = ""
 
     @property
     def text(self) -> str:
@@ -92,6 +94,7 @@ def run(*, hold: float = 1.0, timeout: float = 10.0) -> RowLock:
 
 def _play(watch, a, b, c, *, hold, timeout, server_pid) -> RowLock:
     pa, pb = (execute(db, "SELECT pg_backend_pid()")[0][0] for db in (a, b))
+    version = execute(watch, "SHOW server_version")[0][0]
     fence_a, fence_b, fence_c = Fence(a, X), Fence(b, X), Fence(c, Y)
     seen: dict = {}
     steps, t0 = [], _CLOCK.now()
@@ -145,7 +148,17 @@ def _play(watch, a, b, c, *, hold, timeout, server_pid) -> RowLock:
     waited = seen.get("waited", float("nan"))
     steps.sort(key=lambda step: step.time)
     return RowLock(
-        pa, pb, blocking, event, locks, bool(beside), waited, refusal, server_pid, tuple(steps)
+        pa,
+        pb,
+        blocking,
+        event,
+        locks,
+        bool(beside),
+        waited,
+        refusal,
+        server_pid,
+        tuple(steps),
+        version,
     )
 
 
