@@ -107,11 +107,10 @@ steps = st.builds(
     until=st.none() | st.floats(0, 1e4),
     began=st.none() | st.floats(0, 1e4),
 )
-lines = st.lists(st.text(st.characters(blacklist_categories=("Cc", "Zl", "Zp")), min_size=1))
 runs = st.builds(
     recorded.Recorded,
     params=st.dictionaries(st.text(max_size=8), st.booleans() | st.text(max_size=8), max_size=3),
-    text=lines.map("\n".join),
+    text=st.text(),
     steps=st.lists(steps, max_size=6).map(tuple),
 )
 

@@ -5,7 +5,7 @@ A recording is one button's runs, in ``recordings/NAME.json``: the ``engine``, t
 its server reported, the ``date`` it was taken, the ``button``'s label, and for each run the
 timeline's ``params``, the story's ``text`` as it was printed and its ``steps``. A step is an
 object of the :class:`~labkit.engines.servers.Step`'s fields that are not None, a token
-``(epoch, counter)`` a two-item list; a text is a list of its lines. :func:`loads` and :func:`dumps` turn the one into the
+``(epoch, counter)`` a two-item list; a text is the list of its lines (split at ``\n``). :func:`loads` and :func:`dumps` turn the one into the
 other, exactly. :func:`outline` is what two runs of one story share whatever their timings.
 
 ``python -m labkit.engines.recorded [NAME ...]`` plays the buttons' runs on this machine's
@@ -98,7 +98,7 @@ def dumps(recording: Recording) -> str:
     head = "".join(f"\n {line(k)}: {line(getattr(recording, k))}," for k in _HEAD)
     runs = [
         f'\n  {{"params": {line(run.params)},\n   "text": [\n    '
-        + ",\n    ".join(map(line, run.text.splitlines()))
+        + ",\n    ".join(map(line, run.text.split("\n")))
         + '],\n   "steps": [\n    '
         + ",\n    ".join(line(_fields(step)) for step in run.steps)
         + "]}"
