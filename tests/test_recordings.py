@@ -24,7 +24,8 @@ import matplotlib
 import pytest
 from direct_buttons import ink
 from engines import require_postgres
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from prerequisites import require
 from test_etcd import missing as etcd_missing
 from test_redis import missing_prerequisite as redis_missing
