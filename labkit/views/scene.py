@@ -190,8 +190,8 @@ def _mark_of(e) -> str | None:
     """The marker of an event that is not an effect (None: it shows as a span or not at all)."""
     if e.action == "read":
         return "read" if e.outcome == "ok" else None
-    if e.action == "acquire":
-        return "held" if e.outcome != "ok" else None
+    if e.action in ("acquire", "renew", "release"):
+        return "held" if e.outcome != "ok" else None  # the authority refused it
     if e.action == "response":
         return "lost" if e.outcome == "lost" else None
     if e.action == "crash":

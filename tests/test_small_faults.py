@@ -1,0 +1,37 @@
+"""What a timeline shows of the steps that are not writes: every refused lease step has its mark,
+every ring circles a mark, and a lane's labels tell its different steps apart. Checked in every
+scenario (both modes, its own knobs) and in every timeline a lesson draws."""
+
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+
+from labkit.scenarios import SCENARIOS  # noqa: E402
+from labkit.views.scene import OTHERS, end_of, lanes_of, scene, x_range  # noqa: E402
+from test_timeline_readable import TIMELINES  # noqa: E402
+
+RUNS = [(f"{name}-{'P' if p else 'U'}", SCENARIOS[name](protected=p))
+        for name in sorted(SCENARIOS) for p in (False, True)]
+RUNS += [(f"{name[:2]}:{run.params}", run) for name, run in TIMELINES]
+IDS = [name for name, _ in RUNS]
+
+
+def scene_of(run):
+    lanes = lanes_of(run.history)
+    return lanes, scene(run, lanes, x_range(end_of(run.history)))
+
+
+def on_lane(points, lanes, worker) -> list:
+    return [x for x, y in points if lanes[y] == worker]
+
+
+@pytest.mark.parametrize("name, run", RUNS, ids=IDS)
+def test_every_refused_lease_step_has_a_mark(name, run):
+    """Each acquire, renew or release the authority refused is drawn on its worker's lane, as many
+    marks as refusals ("B's renewal is refused at t=32" is there to be seen)."""
+    lanes, sc = scene_of(run)
+    for worker in (w for w in lanes if w != OTHERS):
+        refused = [e for e in run.history if e.worker == worker and e.outcome != "ok"
+                   and e.action in ("acquire", "renew", "release")]
+        assert len(on_lane(sc.points.get("held", []), lanes, worker)) == len(refused), worker
