@@ -35,3 +35,15 @@ def test_every_refused_lease_step_has_a_mark(name, run):
         refused = [e for e in run.history if e.worker == worker and e.outcome != "ok"
                    and e.action in ("acquire", "renew", "release")]
         assert len(on_lane(sc.points.get("held", []), lanes, worker)) == len(refused), worker
+
+
+@pytest.mark.parametrize("name, run", RUNS, ids=IDS)
+def test_every_ring_circles_a_mark(name, run):
+    """A violation's ring and a warning's diamond sit on a drawn mark of their lane (the naive
+    late_release once drew an empty ring at t=14: its release had no mark)."""
+    lanes, sc = scene_of(run)
+    marks = {(x, y) for style, points in sc.points.items() if style not in ("violation", "warning")
+             for x, y in points}
+    for style in ("violation", "warning"):
+        for x, y in sc.points.get(style, []):
+            assert (x, y) in marks, f"{style} at t={x:g} on {lanes[y]} circles nothing"

@@ -271,6 +271,8 @@ def scene(result, lanes: list[str], xmax: float, pt: float | None = None) -> Sce
     index = {id(e): i for i, e in enumerate(effects)}  # by identity, as ``drawn`` below
     spans = {"lease": [], "pause": [], "wait": []}
     ticks, points, labels, drawn = [], {}, [], {}
+    flagged = [("violation", v) for v in result.violations]
+    flagged += [("warning", w) for w in getattr(result, "warnings", ())]
 
     def mark(style, x, y):
         points.setdefault(style, []).append((x, y))
@@ -299,8 +301,8 @@ def scene(result, lanes: list[str], xmax: float, pt: float | None = None) -> Sce
         row = []  # (marker, event) in the order of the history
         for e in mine:
             kind = _write_kind(e, effects[index[id(e)] + 1 :]) if id(e) in index else _mark_of(e)
-            if kind:
-                row.append((kind, e))
+            if kind or any(f.event is e for _, f in flagged):  # a ring always circles a mark
+                row.append((kind or "other", e))
         xs, rows = [e.time for _, e in row], {}
         for k, (kind, _) in enumerate(row):  # a read sits above its lane: a row of its own
             rows.setdefault(kind == "read", []).append(k)
@@ -314,12 +316,9 @@ def scene(result, lanes: list[str], xmax: float, pt: float | None = None) -> Sce
         writes = [(e.target, x) for (_, e), x in zip(row, xs) if id(e) in index]
         labels += [(text, x, y, "other") for text, x in others[:6]]
         labels += [(str(t), x, y, "target") for t, x in writes if len(writes) <= 12 and t]
-        for v in result.violations:
-            if v.event.worker == worker:
-                mark("violation", drawn.get(id(v.event), v.event.time), y)
-        for w in getattr(result, "warnings", ()):
-            if w.event.worker == worker:
-                mark("warning", drawn.get(id(w.event), w.event.time), y)
+        for style, f in flagged:
+            if f.event.worker == worker:
+                mark(style, drawn.get(id(f.event), f.event.time), y)
     fy = len(lanes)
     raises = [
         e for e in history if e.action == "raise" and e.outcome == "ok" and e.generation is not None
