@@ -312,9 +312,11 @@ def scene(result, lanes: list[str], xmax: float, pt: float | None = None) -> Sce
         for (kind, e), x in zip(row, xs):
             mark(kind, x, y - 0.42 if kind == "read" else y)
             drawn[id(e)] = x  # by identity: an event of JSON's lists cannot be hashed
-        others = [(e.action, x) for (kind, e), x in zip(row, xs) if kind == "other"]
+        others = [(e, x) for (kind, e), x in zip(row, xs) if kind == "other"]
         writes = [(e.target, x) for (_, e), x in zip(row, xs) if id(e) in index]
-        labels += [(text, x, y, "other") for text, x in others[:6]]
+        for k, (e, x) in enumerate(others[:6]):  # an action said before: say what it did now
+            again = any(o.action == e.action and o.target != e.target for o, _ in others[:k])
+            labels.append((e.target if again and e.target else e.action, x, y, "other"))
         labels += [(str(t), x, y, "target") for t, x in writes if len(writes) <= 12 and t]
         for style, f in flagged:
             if f.event.worker == worker:
