@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 matplotlib.use("Agg")
 
 import labkit.scenarios  # noqa: E402
+from labkit.views.scene import OTHERS  # noqa: E402
 from labkit.views.widgets import TimelineRenderer, explore  # noqa: E402
 from test_panels import CELLS  # noqa: E402
 
@@ -117,10 +118,16 @@ def test_a_panel_made_in_presenter_mode_stays_in_it_and_a_later_one_changes_noth
 
 
 def drawn_or_refused(p, where: str) -> None:
-    """The panel shows a picture of its knobs, or no picture and a refusal naming its error."""
+    """The panel shows a picture of its knobs, or no picture and a refusal naming its error; a
+    picture has a lane for each worker of its run and none for a worker that is not in it (the
+    herd's 5 contenders once got 9 lanes, and an "others" lane that said "no other workers")."""
     if p.result is not None:
         assert p.image.outputs and shown(p)[:4] == b"\x89PNG", where
         assert p.result.params["seed"] == p.controls["seed"].value, where
+        workers = {e.worker for e in p.result.history}
+        lanes = [w for w in p.renderer.lanes if w != OTHERS]
+        assert set(lanes) <= workers, f"{where}: empty lanes {sorted(set(lanes) - workers)}"
+        assert (OTHERS in p.renderer.lanes) == (workers > set(lanes)), where
     else:
         assert p.image.outputs == () and re.search(r"\b\w+(Error|Argument\w*|Lost|Held)\b: ", p.verdict.value), where
 

@@ -285,8 +285,7 @@ def scene(result, lanes: list[str], xmax: float, pt: float | None = None) -> Sce
             points.setdefault("held", []).extend(
                 (x, y) for x in _spread([(t, ms["held"]) for t in times], pt)
             )
-            n = len({e.worker for e in rest})
-            text = f"{n} more workers: {len(refused)} refused attempts" if n else "no other workers"
+            text = f"{len({e.worker for e in rest})} more workers: {len(refused)} refused attempts"
             labels.append((text, 0.0, y, "note"))
             continue
         mine = [e for e in history if e.worker == worker]
