@@ -223,8 +223,7 @@ def label_offsets(kind: str, w: float, h: float, m: float) -> list:
         "fence": [(2, m * 0.4), (2, -h - m * 0.4)],
         "note": [(0, -h / 2), (0, m * 0.9), (0, -h - m * 0.9)],
     }.get(kind, [(0, -h / 2)])
-    shifted = [(x + m * k, y) for k in range(1, 13) for x, y in first[:2]]
-    return first + shifted
+    return first + [(x + m * k, y) for k in range(1, 13) for x, y in first[:2]]  # then further out
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,9 +273,6 @@ def scene(result, lanes: list[str], xmax: float, pt: float | None = None) -> Sce
     flagged = [("violation", v) for v in result.violations]
     flagged += [("warning", w) for w in getattr(result, "warnings", ())]
 
-    def mark(style, x, y):
-        points.setdefault(style, []).append((x, y))
-
     for y, worker in enumerate(lanes):
         if worker == OTHERS:
             rest = [e for e in history if e.worker not in shown]
@@ -309,7 +305,7 @@ def scene(result, lanes: list[str], xmax: float, pt: float | None = None) -> Sce
             for k, x in zip(which, _spread([(xs[k], ms[row[k][0]]) for k in which], pt)):
                 xs[k] = x
         for (kind, e), x in zip(row, xs):
-            mark(kind, x, y - 0.42 if kind == "read" else y)
+            points.setdefault(kind, []).append((x, y - 0.42 if kind == "read" else y))
             drawn[id(e)] = x  # by identity: an event of JSON's lists cannot be hashed
         others = [(e, x) for (kind, e), x in zip(row, xs) if kind == "other"]
         writes = [(e.target, x) for (_, e), x in zip(row, xs) if id(e) in index]
@@ -319,7 +315,7 @@ def scene(result, lanes: list[str], xmax: float, pt: float | None = None) -> Sce
         labels += [(str(t), x, y, "target") for t, x in writes if len(writes) <= 12 and t]
         for style, f in flagged:
             if f.event.worker == worker:
-                mark(style, drawn.get(id(f.event), f.event.time), y)
+                points.setdefault(style, []).append((drawn.get(id(f.event), f.event.time), y))
     fy = len(lanes)
     raises = [
         e for e in history if e.action == "raise" and e.outcome == "ok" and e.generation is not None
