@@ -120,7 +120,9 @@ def test_a_panel_made_in_presenter_mode_stays_in_it_and_a_later_one_changes_noth
 def drawn_or_refused(p, where: str) -> None:
     """The panel shows a picture of its knobs, or no picture and a refusal naming its error; a
     picture has a lane for each worker of its run and none for a worker that is not in it (the
-    herd's 5 contenders once got 9 lanes, and an "others" lane that said "no other workers")."""
+    herd's 5 contenders once got 9 lanes, and an "others" lane that said "no other workers"); and
+    each control shows the value the run used (the herd's dropdown said "watch" while the
+    unprotected run used "none")."""
     if p.result is not None:
         assert p.image.outputs and shown(p)[:4] == b"\x89PNG", where
         assert p.result.params["seed"] == p.controls["seed"].value, where
@@ -128,6 +130,9 @@ def drawn_or_refused(p, where: str) -> None:
         lanes = [w for w in p.renderer.lanes if w != OTHERS]
         assert set(lanes) <= workers, f"{where}: empty lanes {sorted(set(lanes) - workers)}"
         assert (OTHERS in p.renderer.lanes) == (workers > set(lanes)), where
+        used = {**p.result.params, **(p.result.tables.get("herd") or [{}])[0]}  # herd: its strategy
+        for name, control in p.controls.items():
+            assert control.value == used[name], f"{where}: {name} shows {control.value!r}, run {used[name]!r}"
     else:
         assert p.image.outputs == () and re.search(r"\b\w+(Error|Argument\w*|Lost|Held)\b: ", p.verdict.value), where
 
@@ -162,3 +167,19 @@ def test_the_herd_panel_draws_a_hold_past_the_ttl():
     p.controls["hold"].value, p.controls["ttl"].value = 8.0, 3.5
     assert p.result is not None and shown(p)[:4] == b"\x89PNG"
     assert any(e.action == "release" and e.outcome == "lost" for e in p.result.history)
+
+
+def test_the_herd_dropdown_says_the_strategy_the_run_uses():
+    """Protection off, the herd's dropdown shows "none" and stays there (the run uses no backoff
+    whatever is picked); on, it comes back to the lesson's "watch", and a pick is what runs."""
+    p = explore(labkit.scenarios.herd, protected=False, strategy=["watch", "jitter", "none"])
+    strategy = p.controls["strategy"]
+    assert strategy.value == "none" and p.result.verdict.startswith("none: ")
+    strategy.value = "jitter"
+    assert strategy.value == "none" and p.result.verdict.startswith("none: ")
+    p.controls["protected"].value = True
+    assert strategy.value == "watch" and p.result.verdict.startswith("watch: ")
+    strategy.value = "jitter"
+    assert p.result.verdict.startswith("jitter: ")
+    p.controls["protected"].value = False
+    assert strategy.value == "none" and p.result.verdict.startswith("none: ")

@@ -277,10 +277,8 @@ def scene(result, lanes: list[str], xmax: float, pt: float | None = None) -> Sce
         if worker == OTHERS:
             rest = [e for e in history if e.worker not in shown]
             refused = [e for e in rest if e.action == "acquire" and e.outcome != "ok"]
-            times = sorted({e.time for e in refused})
-            points.setdefault("held", []).extend(
-                (x, y) for x in _spread([(t, ms["held"]) for t in times], pt)
-            )
+            marks = [(t, ms["held"]) for t in sorted({e.time for e in refused})]
+            points.setdefault("held", []).extend((x, y) for x in _spread(marks, pt))
             text = f"{len({e.worker for e in rest})} more workers: {len(refused)} refused attempts"
             labels.append((text, 0.0, y, "note"))
             continue
