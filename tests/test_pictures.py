@@ -13,12 +13,13 @@ from hypothesis import strategies as st
 matplotlib.use("Agg")
 
 import labkit.scenarios  # noqa: E402
-from labkit.views.scene import OTHERS  # noqa: E402
-from labkit.views.widgets import TimelineRenderer, explore  # noqa: E402
+from labkit.views.scene import OTHERS, PAUSE_WORDS  # noqa: E402
+from labkit.views.widgets import TimelineRenderer, explore, tables_html  # noqa: E402
 from test_panels import CELLS  # noqa: E402
 
 CALLS = [(name, call) for name, _, call in CELLS]
 IDS = [f"{name[:2]}:{call[8:30]}" for name, call in CALLS]
+NOISE = r"\d\.\d*(\d)\1{4,}\d*"  # a float as repr prints it: 19.999999999999996, 0.30000000000000004
 SETTINGS = settings(
     max_examples=3, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
 )
@@ -122,7 +123,8 @@ def drawn_or_refused(p, where: str) -> None:
     picture has a lane for each worker of its run and none for a worker that is not in it (the
     herd's 5 contenders once got 9 lanes, and an "others" lane that said "no other workers"); and
     each control shows the value the run used (the herd's dropdown said "watch" while the
-    unprotected run used "none")."""
+    unprotected run used "none"); its labels, verdict and tables are in plain words and numbers
+    (never "paused at after-read", never 19.999999999999996)."""
     if p.result is not None:
         assert p.image.outputs and shown(p)[:4] == b"\x89PNG", where
         assert p.result.params["seed"] == p.controls["seed"].value, where
@@ -130,6 +132,11 @@ def drawn_or_refused(p, where: str) -> None:
         lanes = [w for w in p.renderer.lanes if w != OTHERS]
         assert set(lanes) <= workers, f"{where}: empty lanes {sorted(set(lanes) - workers)}"
         assert (OTHERS in p.renderer.lanes) == (workers > set(lanes)), where
+        said = [text for text, _ in p.renderer.label_boxes]
+        assert all(t.removeprefix("paused ") in PAUSE_WORDS.values() for t in said
+                   if t.startswith("paused")), f"{where}: {said}"
+        for shows in (p.tables.value, p.verdict.value, *said):
+            assert not re.search(NOISE, shows), f"{where}: {shows}"
         used = {**p.result.params, **(p.result.tables.get("herd") or [{}])[0]}  # herd: its strategy
         for name, control in p.controls.items():
             assert control.value == used[name], f"{where}: {name} shows {control.value!r}, run {used[name]!r}"
@@ -183,3 +190,11 @@ def test_the_herd_dropdown_says_the_strategy_the_run_uses():
     assert p.result.verdict.startswith("jitter: ")
     p.controls["protected"].value = False
     assert strategy.value == "none" and p.result.verdict.startswith("none: ")
+
+
+def test_the_noise_check_sees_float_noise_and_the_tables_have_none():
+    """The check above finds a float's noise, and the panel's tables print it as the eye reads it."""
+    assert re.search(NOISE, "expires_at 19.999999999999996") and re.search(NOISE, "t=0.30000000000000004")
+    assert not re.search(NOISE, "t=12.5, 100000 rows, 3.14159")
+    shown = tables_html({"leases": [{"expires_at": 19.999999999999996, "until": 0.30000000000000004}]})
+    assert ">20<" in shown and ">0.3<" in shown and not re.search(NOISE, shown)
