@@ -4,8 +4,10 @@ sentence, the run the lesson's code cell draws, and a check on that run's events
 Read it like the lecture: each row is a sentence a student reads under a timeline, and the
 function beside it says which events make the sentence true."""
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from labkit.scenarios import (
     backup_restore,
@@ -14,6 +16,7 @@ from labkit.scenarios import (
     crash_after_fence,
     email_transfer,
     expired_but_alive,
+    herd,
     issuer_failover,
     late_release,
     late_renewal,
@@ -350,6 +353,124 @@ def file_holds_b_report(h):
     )
 
 
+def outcome_grid(scenario, x, y, protected=False, **fixed):
+    """The cells :func:`labkit.views.plot.outcome_map` colours for the same call: its "history"
+    is ``{(x value, y value): the run's violation kinds}``."""
+    (xname, xs), (yname, ys) = x, y
+    cells = {
+        (xv, yv): scenario(protected=protected, **{**fixed, xname: xv, yname: yv}).kinds
+        for xv in xs
+        for yv in ys
+    }
+    harmful = sorted(cell for cell, kinds in cells.items() if kinds)
+    return SimpleNamespace(history=cells, verdict=f"harmful cells {harmful}")
+
+
+def first_harm(cells, y) -> object:
+    """The smallest x whose cell in row ``y`` has a lost update (None: none has)."""
+    return min((x for (x, yy), kinds in cells.items() if yy == y and "lost_update" in kinds),
+               default=None)
+
+
+def every_ttl_has_a_losing_pause(cells):
+    """Each lease length's row has a pause whose run loses an update."""
+    return all(first_harm(cells, ttl) is not None for ttl in {y for _, y in cells})
+
+
+def minute_survives_30_loses_to_90(cells):
+    """ttl=60: the 30 s pause's run is clean, the 90 s pause's loses an update."""
+    return not cells[(30, 60)] and "lost_update" in cells[(90, 60)]
+
+
+def longer_lease_moves_the_boundary(cells):
+    """In each ttl row the harmful gaps are all those from the row's first harmful one on, and a
+    longer lease has a later first harmful gap."""
+    ttls, gaps = sorted({y for _, y in cells}), sorted({x for x, _ in cells})
+    firsts = [first_harm(cells, ttl) for ttl in ttls]
+    suffix = all(("lost_update" in cells[(g, ttl)]) == (f is not None and g >= f)
+                 for ttl, f in zip(ttls, firsts) for g in gaps)
+    return None not in firsts and suffix and firsts == sorted(set(firsts))
+
+
+def herd_runs(**knobs):
+    """Lesson 06's three herd runs, as its plot cell makes them: their histories by label."""
+    runs = {"no backoff": herd(protected=False, **knobs),
+            "jittered backoff": herd(strategy="jitter", **knobs),
+            "predecessor watch": herd(strategy="watch", **knobs)}
+    history = {label: run.history for label, run in runs.items()}
+    return SimpleNamespace(history=history, verdict="; ".join(r.verdict for r in runs.values()))
+
+
+def attempts(history) -> list:
+    """The contenders' acquire attempts (H, the first holder, is not one)."""
+    return [e for e in history if e.action == "acquire" and e.worker != "H"]
+
+
+def eight_or_nine_grants(runs):
+    """Each of the three runs grants the lease to a contender eight or nine times."""
+    return all(len([e for e in attempts(h) if e.outcome == "ok"]) in (8, 9) for h in runs.values())
+
+
+def losers_retry_every_second_in_step(runs):
+    """No backoff: every attempt falls on a whole second, and many contenders try at each."""
+    at = Counter(e.time for e in attempts(runs["no backoff"]))
+    return len(at) >= 8 and all(t == int(t) and n > 1 for t, n in at.items())
+
+
+def jitter_busier_first_then_thinner(runs):
+    """Jitter: more attempts than no backoff in the first second, fewer in all, and after the
+    first second never two at one instant, where no backoff has dozens."""
+    none, jitter = attempts(runs["no backoff"]), attempts(runs["jittered backoff"])
+    first = [sum(1 for e in run if int(e.time) == 1) for run in (none, jitter)]
+    together = [max(Counter(e.time for e in run if e.time >= 2).values(), default=0)
+                for run in (none, jitter)]
+    return first[1] > first[0] and len(jitter) < len(none) and together[1] == 1 < together[0]
+
+
+def watch_one_attempt_per_grant(runs):
+    """The watch: every attempt is granted."""
+    tried = attempts(runs["predecessor watch"])
+    return bool(tried) and all(e.outcome == "ok" for e in tried)
+
+
+def a_holds_9(h):
+    """A is granted 9, the last of three tokens issued after the backup (which holds 6)."""
+    return grant(h, "A").generation == 9
+
+
+def b_below_the_fence_locked_out(h):
+    """B is granted less than A's 9 and its raise of the fence is refused, while A's stale write
+    commits long after its lease ended."""
+    a, b = grant(h, "A"), grant(h, "B")
+    late = [e for e in find(h, "A", "write", "ok") if e.time >= a.until + 10]
+    return b.generation < a.generation and bool(find(h, "B", "raise", "rejected")) and bool(late)
+
+
+def bump_reaches_every_number(h):
+    """B is granted more than A's 9, and A's late write bounces: nothing of A's commits late."""
+    a, b = grant(h, "A"), grant(h, "B")
+    late = [e for e in find(h, "A", "write", "ok") if e.time >= a.until]
+    return b.generation > a.generation and bool(find(h, "A", "write", "rejected")) and not late
+
+
+def lease_end(h, worker):
+    """The end of ``worker``'s lease at the authority: its last granted acquire or renewal."""
+    return max(e.until for e in find(h, worker, "renew", "ok") + [grant(h, worker)])
+
+
+def b_moves_in_3s_early(h):
+    """B, its clock 3 s ahead, is granted the lease 3 s before A's ends, and A commits in between."""
+    end, b = lease_end(h, "A"), grant(h, "B")
+    during = [e for e in find(h, "A", "write", "ok") if b.time <= e.time < end]
+    return b.time == end - 3 and bool(during)
+
+
+def a_stops_3s_early(h):
+    """Every write of A's begins 3 s or more before its lease ends, so none lands after B's grant."""
+    end = lease_end(h, "A")
+    return bool(find(h, "A", "write")) and all(e.time <= end - 3 for e in find(h, "A", "write"))
+
+
 @dataclass(frozen=True)
 class Claim:
     """A sentence of a lesson, the run it describes and the check on that run's events."""
@@ -369,6 +490,9 @@ def claim(notebook, sentence, call, holds, **knobs) -> Claim:
 
 
 U, P = {"protected": False}, {"protected": True}
+# the grids of the lessons' outcome_map cells, as those cells give them
+PAUSES_01, TTLS_01 = ("pause", (0, 5, 10, 15, 20, 30, 45, 60, 90, 120)), ("ttl", (5, 10, 20, 30, 60))
+GAPS_03, TTLS_03 = ("gap", (0, 1, 2, 3, 4, 6, 8, 12, 20, 30)), ("ttl", (5, 10, 20, 30))
 
 # One row per sentence, as the lessons read (kept one line each: a table, not code).
 # fmt: off
@@ -389,6 +513,10 @@ CLAIMS = [
           expired_but_alive, a_release_refused_after_its_write, **U, pause=30, ttl=10),
     claim('01-expired-but-alive', "here 8 once B has written, and refuses A's 7",
           expired_but_alive, a_write_refused_with_7, **P, pause=30, ttl=10),
+    claim('01-expired-but-alive', 'For every lease length there is a pause long enough.',
+          outcome_grid, every_ttl_has_a_losing_pause, scenario=expired_but_alive, x=PAUSES_01, y=TTLS_01),
+    claim('01-expired-but-alive', 'A one-minute lease survives the 30-second pause, and loses to a 90-second one.',
+          outcome_grid, minute_survives_30_loses_to_90, scenario=expired_but_alive, x=PAUSES_01, y=TTLS_01),
     # 02-fencing-tokens
     claim('02-fencing-tokens', "With a 15 s stop, B's renewal at t=17 succeeds",
           lock_wait, b_renews_at_17_and_a_is_refused, **P, hold=15, ttl=10),
@@ -419,7 +547,19 @@ CLAIMS = [
           split_databases, b_reads_a_then_replaces, **P, pause=15, ttl=10),
     claim('03-dangerous-variants', "INV-2 directly, and that write lands on B's run",
           bypass_writer, a_export_lands_on_inv2, **U, pause=30, ttl=10),
+    claim('03-dangerous-variants', 'A longer lease moves the boundary, as in lesson 01',
+          outcome_grid, longer_lease_moves_the_boundary, scenario=check_then_act, x=GAPS_03, y=TTLS_03),
     # 04-who-issues-the-numbers
+    claim('04-who-issues-the-numbers', 'Say three tokens were issued after the backup (A holds the last one, 9)',
+          backup_restore, a_holds_9, **U, issued_after_backup=3, bump=0),
+    claim('04-who-issues-the-numbers', 'B either receives a number below the fence (the rightful holder is locked out',
+          backup_restore, b_below_the_fence_locked_out, **U, issued_after_backup=3, bump=0),
+    claim('04-who-issues-the-numbers', 'B either receives a number below the fence (the rightful holder is locked out',
+          backup_restore, b_below_the_fence_locked_out, **U, issued_after_backup=3, bump=1),
+    claim('04-who-issues-the-numbers', 'A constant is safe only if the restored counter plus the constant reaches every number',
+          backup_restore, bump_reaches_every_number, **U, issued_after_backup=3, bump=3),
+    claim('04-who-issues-the-numbers', 'A constant is safe only if the restored counter plus the constant reaches every number',
+          backup_restore, bump_reaches_every_number, **U, issued_after_backup=3, bump=10),
     claim('04-who-issues-the-numbers', 'Two holders at once, both with 7',
           issuer_failover, two_holders_with_7, **U, lag=5, failover_at=2),
     claim('04-who-issues-the-numbers', 'the restore brings back 6, and B is handed 7 again',
@@ -441,7 +581,19 @@ CLAIMS = [
           late_renewal, a_stops_before_tick, **P),
     claim('05-late-renewal', 'A also sits idle from t=9 to t=13.',
           late_renewal, a_idle_9_to_13, **P),
+    claim('05-late-renewal', 'B sees the end `offset` seconds early and moves in while A is still entitled to work',
+          late_renewal, b_moves_in_3s_early, **U, response_latency=0.0, offset=3.0),
+    claim('05-late-renewal', 'The protected A assumes such a bound (here: the offset itself) and stops that much earlier',
+          late_renewal, a_stops_3s_early, **P, response_latency=0.0, offset=3.0),
     # 06-lease-hygiene
+    claim('06-lease-hygiene', 'All three hand out the lease eight or nine times',
+          herd_runs, eight_or_nine_grants),
+    claim('06-lease-hygiene', 'Without backoff, every loser comes back every second, in step.',
+          herd_runs, losers_retry_every_second_in_step),
+    claim('06-lease-hygiene', 'With jitter the first second is even busier',
+          herd_runs, jitter_busier_first_then_thinner),
+    claim('06-lease-hygiene', 'The watch needs one attempt per grant.',
+          herd_runs, watch_one_attempt_per_grant),
     claim('06-lease-hygiene', "B's last write is refused by the fence (C raised it to 9)",
           late_release, a_release_deletes_b_lease, **U),
     claim('06-lease-hygiene', "A's late `DELETE` matches nothing and is refused",

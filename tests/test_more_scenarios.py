@@ -271,7 +271,7 @@ def test_email_transfer_stale_email_goes_out_unless_it_goes_through_the_outbox()
 @pytest.mark.parametrize("name, knob, value", [
     ("issuer_failover", "lag", -1.0), ("backup_restore", "issued_after_backup", 0),
     ("late_renewal", "drift", 0.9), ("late_release", "delay", float("nan")),
-    ("herd", "contenders", 0), ("herd", "strategy", "none"), ("stale_watch", "session", 0.0),
+    ("herd", "contenders", 0), ("herd", "strategy", "fast"), ("stale_watch", "session", 0.0),
     ("version_wait", "duration", 0.0), ("crash_after_fence", "crash_after", 99),
     ("email_transfer", "relay_crashes", 1.5), ("herd", "colour", 1),
 ])

@@ -13,11 +13,13 @@ from hypothesis import strategies as st
 matplotlib.use("Agg")
 
 import labkit.scenarios  # noqa: E402
-from labkit.views.widgets import TimelineRenderer, explore  # noqa: E402
+from labkit.views.scene import OTHERS, PAUSE_WORDS  # noqa: E402
+from labkit.views.widgets import TimelineRenderer, explore, tables_html  # noqa: E402
 from test_panels import CELLS  # noqa: E402
 
 CALLS = [(name, call) for name, _, call in CELLS]
 IDS = [f"{name[:2]}:{call[8:30]}" for name, call in CALLS]
+NOISE = r"\d\.\d*(\d)\1{4,}\d*"  # a float as repr prints it: 19.999999999999996, 0.30000000000000004
 SETTINGS = settings(
     max_examples=3, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
 )
@@ -117,10 +119,27 @@ def test_a_panel_made_in_presenter_mode_stays_in_it_and_a_later_one_changes_noth
 
 
 def drawn_or_refused(p, where: str) -> None:
-    """The panel shows a picture of its knobs, or no picture and a refusal naming its error."""
+    """The panel shows a picture of its knobs, or no picture and a refusal naming its error; a
+    picture has a lane for each worker of its run and none for a worker that is not in it (the
+    herd's 5 contenders once got 9 lanes, and an "others" lane that said "no other workers"); and
+    each control shows the value the run used (the herd's dropdown said "watch" while the
+    unprotected run used "none"); its labels, verdict and tables are in plain words and numbers
+    (never "paused at after-read", never 19.999999999999996)."""
     if p.result is not None:
         assert p.image.outputs and shown(p)[:4] == b"\x89PNG", where
         assert p.result.params["seed"] == p.controls["seed"].value, where
+        workers = {e.worker for e in p.result.history}
+        lanes = [w for w in p.renderer.lanes if w != OTHERS]
+        assert set(lanes) <= workers, f"{where}: empty lanes {sorted(set(lanes) - workers)}"
+        assert (OTHERS in p.renderer.lanes) == (workers > set(lanes)), where
+        said = [text for text, _ in p.renderer.label_boxes]
+        assert all(t.removeprefix("paused ") in PAUSE_WORDS.values() for t in said
+                   if t.startswith("paused")), f"{where}: {said}"
+        for shows in (p.tables.value, p.verdict.value, *said):
+            assert not re.search(NOISE, shows), f"{where}: {shows}"
+        used = {**p.result.params, **(p.result.tables.get("herd") or [{}])[0]}  # herd: its strategy
+        for name, control in p.controls.items():
+            assert control.value == used[name], f"{where}: {name} shows {control.value!r}, run {used[name]!r}"
     else:
         assert p.image.outputs == () and re.search(r"\b\w+(Error|Argument\w*|Lost|Held)\b: ", p.verdict.value), where
 
@@ -155,3 +174,27 @@ def test_the_herd_panel_draws_a_hold_past_the_ttl():
     p.controls["hold"].value, p.controls["ttl"].value = 8.0, 3.5
     assert p.result is not None and shown(p)[:4] == b"\x89PNG"
     assert any(e.action == "release" and e.outcome == "lost" for e in p.result.history)
+
+
+def test_the_herd_dropdown_says_the_strategy_the_run_uses():
+    """Protection off, the herd's dropdown shows "none" and stays there (the run uses no backoff
+    whatever is picked); on, it comes back to the lesson's "watch", and a pick is what runs."""
+    p = explore(labkit.scenarios.herd, protected=False, strategy=["watch", "jitter", "none"])
+    strategy = p.controls["strategy"]
+    assert strategy.value == "none" and p.result.verdict.startswith("none: ")
+    strategy.value = "jitter"
+    assert strategy.value == "none" and p.result.verdict.startswith("none: ")
+    p.controls["protected"].value = True
+    assert strategy.value == "watch" and p.result.verdict.startswith("watch: ")
+    strategy.value = "jitter"
+    assert p.result.verdict.startswith("jitter: ")
+    p.controls["protected"].value = False
+    assert strategy.value == "none" and p.result.verdict.startswith("none: ")
+
+
+def test_the_noise_check_sees_float_noise_and_the_tables_have_none():
+    """The check above finds a float's noise, and the panel's tables print it as the eye reads it."""
+    assert re.search(NOISE, "expires_at 19.999999999999996") and re.search(NOISE, "t=0.30000000000000004")
+    assert not re.search(NOISE, "t=12.5, 100000 rows, 3.14159")
+    shown = tables_html({"leases": [{"expires_at": 19.999999999999996, "until": 0.30000000000000004}]})
+    assert ">20<" in shown and ">0.3<" in shown and not re.search(NOISE, shown)

@@ -61,8 +61,8 @@ def herd(
     ``base``/``cap``), ``"watch"`` wakes one waiter per release; all give up after ``horizon`` s.
     ``tables["herd"]`` and ``tables["herd_seconds"]`` are SQL views counting ``herd_log``."""
     n = check_number(contenders, "contenders", integer=True, low=1, high=5000)
-    if strategy not in ("jitter", "watch"):
-        raise BadArgument("strategy", f"must be 'jitter' or 'watch', got {strategy!r}")
+    if strategy not in ("none", "jitter", "watch"):
+        raise BadArgument("strategy", f"must be 'none', 'jitter' or 'watch', got {strategy!r}")
     hold = check_number(hold, "hold")
     used = strategy if protected else "none"
     authority, env, rng, db = sim.authority, sim.env, sim.rng, sim.database("resource")
@@ -126,6 +126,9 @@ def herd(
         env.process(contender(f"c{i + 1}"))
 
     return lambda history, violations, tables: _HERD_VERDICT.format(**tables["herd"][0])
+
+
+herd.naive = {"strategy": "none"}  # unprotected, whatever is asked ("none" too): a panel shows it
 
 
 @scenario

@@ -25,7 +25,7 @@ __all__ = ["timeline", "outcome_map", "verdict_table", "present"]
 _IN = {"left": 0.9, "right": 0.3, "top": 0.75, "bottom": 1.45, "lane": 0.62, "width": 11.0}
 _MARK_LABELS = {
     "read": "read",
-    "held": "lease refused (held)",
+    "held": "lease request refused",
     "accepted": "write accepted",
     "overwritten": "write replaced later",
     "rejected": "write rejected (stale)",

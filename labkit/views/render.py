@@ -87,7 +87,9 @@ class TimelineRenderer:
     def png(self, result) -> bytes:
         """Render ``result``'s timeline and return it as PNG bytes."""
         with mpl.rc_context(self.mode):
-            self.lanes = merge_lanes(self.reserved, lanes_of(result.history))
+            ran = {e.worker for e in result.history}  # no lane for a worker not in this run
+            kept = [w for w in self.reserved if w in ran]
+            self.lanes = merge_lanes(kept, lanes_of(result.history))
             self.xmax = self.hold or x_range(end_of(result.history))
             key = tuple(self.lanes)
             if key not in self._frames:

@@ -190,8 +190,8 @@ def _mark_of(e) -> str | None:
     """The marker of an event that is not an effect (None: it shows as a span or not at all)."""
     if e.action == "read":
         return "read" if e.outcome == "ok" else None
-    if e.action == "acquire":
-        return "held" if e.outcome != "ok" else None
+    if e.action in ("acquire", "renew", "release"):
+        return "held" if e.outcome != "ok" else None  # the authority refused it
     if e.action == "response":
         return "lost" if e.outcome == "lost" else None
     if e.action == "crash":
@@ -223,8 +223,7 @@ def label_offsets(kind: str, w: float, h: float, m: float) -> list:
         "fence": [(2, m * 0.4), (2, -h - m * 0.4)],
         "note": [(0, -h / 2), (0, m * 0.9), (0, -h - m * 0.9)],
     }.get(kind, [(0, -h / 2)])
-    shifted = [(x + m * k, y) for k in range(1, 13) for x, y in first[:2]]
-    return first + shifted
+    return first + [(x + m * k, y) for k in range(1, 13) for x, y in first[:2]]  # then further out
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,20 +270,16 @@ def scene(result, lanes: list[str], xmax: float, pt: float | None = None) -> Sce
     index = {id(e): i for i, e in enumerate(effects)}  # by identity, as ``drawn`` below
     spans = {"lease": [], "pause": [], "wait": []}
     ticks, points, labels, drawn = [], {}, [], {}
-
-    def mark(style, x, y):
-        points.setdefault(style, []).append((x, y))
+    flagged = [("violation", v) for v in result.violations]
+    flagged += [("warning", w) for w in getattr(result, "warnings", ())]
 
     for y, worker in enumerate(lanes):
         if worker == OTHERS:
             rest = [e for e in history if e.worker not in shown]
             refused = [e for e in rest if e.action == "acquire" and e.outcome != "ok"]
-            times = sorted({e.time for e in refused})
-            points.setdefault("held", []).extend(
-                (x, y) for x in _spread([(t, ms["held"]) for t in times], pt)
-            )
-            n = len({e.worker for e in rest})
-            text = f"{n} more workers: {len(refused)} refused attempts" if n else "no other workers"
+            marks = [(t, ms["held"]) for t in sorted({e.time for e in refused})]
+            points.setdefault("held", []).extend((x, y) for x in _spread(marks, pt))
+            text = f"{len({e.worker for e in rest})} more workers: {len(refused)} refused attempts"
             labels.append((text, 0.0, y, "note"))
             continue
         mine = [e for e in history if e.worker == worker]
@@ -299,8 +294,8 @@ def scene(result, lanes: list[str], xmax: float, pt: float | None = None) -> Sce
         row = []  # (marker, event) in the order of the history
         for e in mine:
             kind = _write_kind(e, effects[index[id(e)] + 1 :]) if id(e) in index else _mark_of(e)
-            if kind:
-                row.append((kind, e))
+            if kind or any(f.event is e for _, f in flagged):  # a ring always circles a mark
+                row.append((kind or "other", e))
         xs, rows = [e.time for _, e in row], {}
         for k, (kind, _) in enumerate(row):  # a read sits above its lane: a row of its own
             rows.setdefault(kind == "read", []).append(k)
@@ -308,18 +303,17 @@ def scene(result, lanes: list[str], xmax: float, pt: float | None = None) -> Sce
             for k, x in zip(which, _spread([(xs[k], ms[row[k][0]]) for k in which], pt)):
                 xs[k] = x
         for (kind, e), x in zip(row, xs):
-            mark(kind, x, y - 0.42 if kind == "read" else y)
+            points.setdefault(kind, []).append((x, y - 0.42 if kind == "read" else y))
             drawn[id(e)] = x  # by identity: an event of JSON's lists cannot be hashed
-        others = [(e.action, x) for (kind, e), x in zip(row, xs) if kind == "other"]
+        others = [(e, x) for (kind, e), x in zip(row, xs) if kind == "other"]
         writes = [(e.target, x) for (_, e), x in zip(row, xs) if id(e) in index]
-        labels += [(text, x, y, "other") for text, x in others[:6]]
+        for k, (e, x) in enumerate(others[:6]):  # an action said before: say what it did now
+            again = any(o.action == e.action and o.target != e.target for o, _ in others[:k])
+            labels.append((e.target if again and e.target else e.action, x, y, "other"))
         labels += [(str(t), x, y, "target") for t, x in writes if len(writes) <= 12 and t]
-        for v in result.violations:
-            if v.event.worker == worker:
-                mark("violation", drawn.get(id(v.event), v.event.time), y)
-        for w in getattr(result, "warnings", ()):
-            if w.event.worker == worker:
-                mark("warning", drawn.get(id(w.event), w.event.time), y)
+        for style, f in flagged:
+            if f.event.worker == worker:
+                points.setdefault(style, []).append((drawn.get(id(f.event), f.event.time), y))
     fy = len(lanes)
     raises = [
         e for e in history if e.action == "raise" and e.outcome == "ok" and e.generation is not None

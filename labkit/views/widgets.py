@@ -129,9 +129,12 @@ class Explorer(widgets.VBox):
         return {**self.fixed, **values}
 
     def update(self) -> Result | None:
-        """Rerun the scenario with the controls' values and redraw everything in place."""
+        """Rerun with the controls' values, redraw in place; ``scenario.naive`` is shown when off."""
         seed, protected = self.controls["seed"].value, self.controls["protected"].value
         self.controls["protected"].description = f"protection: {'ON' if protected else 'OFF'}"
+        for name, value in getattr(self.scenario, "naive", {}).items():  # off: naive; on: default
+            if name in self.controls and (self.controls[name].value == value) == protected:
+                self.controls[name].value = self.scenario.knobs[name] if protected else value
         try:
             self.result = self.scenario(protected=protected, seed=seed, **self.knobs())
         except LabkitError as exc:  # a refusal in words, and no picture of other knobs
