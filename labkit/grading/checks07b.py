@@ -85,9 +85,9 @@ def resume_check(answer, schedule: Schedule, history: list) -> None:
         clock = VirtualClock(rng.uniform(0, 100))
         desk = Claims(admin, clock)
         desk.enqueue(job)
-        # the judge's record of the invoices it issued, in its memory, where no SQL of the
-        # answer's reaches it: (number, unit, generation) of those committed, and of those in the
-        # transaction open on the running worker's ``conn``, with admin's data_version then
+        # the judge's record of the invoices it issued, in its memory (no SQL of the answer's
+        # reaches it): (number, unit, generation) of those committed, and of those still pending
+        # in the running worker's transaction, with admin's data_version before it
         book: dict = {"issued": [], "pending": [], "undone": [], "effect": False}
 
         def settle() -> None:
@@ -108,10 +108,9 @@ def resume_check(answer, schedule: Schedule, history: list) -> None:
             if not book["pending"]:
                 book["version"] = execute(admin, "PRAGMA data_version")
             number = 1 + max((n for n, *_ in book["issued"] + book["pending"]), default=0)
-            book["effect"] = True  # the worker's next statement, counted as the two it was
+            book["effect"] = True  # its row counts as the 2 statements the effect was: crashes stay
             tx.execute(INVOICE, (job, f"INV-{number}", amount, tx.token[1]))
             book["pending"].append((number, unit, tx.token[1]))
-            settle()  # a statement that committed by itself
             return number
 
         def issued() -> int:

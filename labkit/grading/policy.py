@@ -80,10 +80,7 @@ def allow(target, what: str, args: list) -> None:
         raise AttributeError(f"a connection lent to an answer runs SQL only, not {name or what}")
     if isinstance(target, sqlite_utils.Database) and (what, name) != ("getattr", "conn"):
         raise AttributeError("a database lent to an answer is reached through its connection")
-    if isinstance(target, contextlib._GeneratorContextManager) and what not in (
-        "enter",
-        "exit",
-    ):
+    if isinstance(target, contextlib._GeneratorContextManager) and what not in ("enter", "exit"):
         raise AttributeError("a context manager lent to an answer is only entered and left")
     if callable(target) and not isinstance(target, type) and what == "call":
         return
