@@ -45,7 +45,7 @@ def test_the_top_level_holds_the_core_the_commands_and_the_subpackages_only():
 def test_line_budgets_hold():
     """The core reads in one sitting (920), the rest outside grading and engines 6,500, and grading
     as a whole (the checks, the judge with its sandbox and lending policy, the scoring, the
-    intake) 6,600: room to write plainly rather than squeeze lines."""
+    intake) 6,605: room to write plainly rather than squeeze lines."""
     found = counts()
     outside = sum(n for part, n in found.items() if part not in ("grading", "engines", "judge", "scoring"))
     print("\n" + "\n".join(f"{part:>12} {n:6}" for part, n in found.items()))
