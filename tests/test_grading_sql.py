@@ -4,8 +4,9 @@ The answer's SQL runs in the judge's process, on the trial's file. Every SQL fun
 lists (``pragma_function_list``), every pragma (``pragma_list``, in any case, with a schema or
 a value) and every statement kind that the allow-list does not name is refused, and the refusal
 says what. Then wrong answers of the corpus are wrapped (their logic unchanged) in SQL that goes
-for the judge's records (renaming, shadowing, virtual tables, statistics, writable schema) or
-runs for minutes: each wrapped answer scores no more than the bare one.
+around the trial's tables (renaming, shadowing, virtual tables, statistics, writable schema) or
+runs for minutes: each wrapped answer scores no more than the bare one. (The judge's own records
+are out of every file the answer's SQL reaches: tests/test_judge_records.py.)
 """
 
 import sqlite3
@@ -19,9 +20,8 @@ from labkit.grading import policy
 
 CORPUS = {**corpus_part1.CORPUS, **corpus_part2.CORPUS}
 SCHEMA = ("CREATE TABLE invoices (job_id TEXT, invoice_id TEXT, amount INTEGER, generation INTEGER)",
-          "CREATE TABLE crash_plan (invoice_id TEXT PRIMARY KEY)",
-          "CREATE TRIGGER crash_invoices_INSERT BEFORE INSERT ON invoices WHEN NEW.invoice_id IN "
-          "(SELECT invoice_id FROM crash_plan) BEGIN SELECT RAISE(ABORT, 'crash'); END",
+          "CREATE TABLE private (invoice_id TEXT PRIMARY KEY)",  # a table the allow-list does not name
+          "CREATE TRIGGER t_audit AFTER INSERT ON invoices BEGIN SELECT 1; END",
           "CREATE INDEX by_amount ON invoices(amount)", "CREATE VIEW billed AS SELECT * FROM invoices",
           "ANALYZE", "CREATE TEMP TABLE scratch (x)")
 
@@ -70,9 +70,9 @@ def test_every_function_not_on_the_list_is_refused_by_name(conn):
 
 
 def test_every_pragma_not_on_the_list_is_refused_in_any_case(conn):
-    """Each pragma SQLite has (pragma_list) but the few that read a table's shape is refused,
-    written in lower, upper or mixed case, with the schema named, with a value; busy_timeout
-    may only be read."""
+    """Each pragma SQLite has (pragma_list) but the few that read the shape of one of labkit's
+    tables is refused, written in lower, upper or mixed case, with the schema named, with a
+    value; busy_timeout may only be read."""
     names = [row[0] for row in conn.execute("PRAGMA pragma_list")]
     assert len(names) > 50
     for name in names:
@@ -80,12 +80,13 @@ def test_every_pragma_not_on_the_list_is_refused_in_any_case(conn):
             for sql in (f"PRAGMA {spelled}", f"PRAGMA main.{spelled}", f"PRAGMA {spelled} = 1",
                         f"PRAGMA {spelled}(invoices)"):
                 refused = refusal(conn, sql)
-                allowed = name in policy.PRAGMAS or (  # a table's shape: the value is a table
+                allowed = (name in policy.PRAGMAS and "(invoices)" in sql) or (  # a table's shape
                     name == "busy_timeout" and "=" not in sql and "(" not in sql)
                 assert bool(refused) is not allowed, (sql, refused)
                 if not allowed:
                     assert refused[0].startswith("pragma") and name.lower() in refused[0].lower(), sql
-    assert refusal(conn, "PRAGMA table_info(crash_plan)")  # not even the shape of the judge's tables
+    assert refusal(conn, "PRAGMA table_info(private)")  # not the shape of a table off the list
+    assert not refusal(conn, "PRAGMA index_info(sqlite_autoindex_leases_1)")  # a table's own index
 
 
 def test_triggers_only_where_a_task_grants_them_and_only_on_its_tables(conn):
@@ -100,7 +101,7 @@ def test_triggers_only_where_a_task_grants_them_and_only_on_its_tables(conn):
     for sql in (make.format(temp="", table="invoices"), *protect):
         assert refusal(conn, sql), sql
         assert not refusal(conn, sql, grant), sql
-    for table, temp in (("leases", ""), ("crash_plan", ""), ("invoices", "TEMP ")):
+    for table, temp in (("leases", ""), ("private", ""), ("invoices", "TEMP ")):
         refused = refusal(conn, make.format(temp=temp, table=table), grant)
         assert refused and refused[0].startswith(f"create {temp.lower()}trigger"), (table, refused)
 
@@ -109,7 +110,7 @@ KINDS = {  # every statement kind the allow-list leaves out, with SQL that needs
     "ATTACH": "ATTACH DATABASE ':memory:' AS other",
     "DETACH": "DETACH DATABASE main",
     "VACUUM (an ATTACH inside)": "VACUUM INTO '/tmp/labkit-copy.db'",
-    "ALTER TABLE (rename)": "ALTER TABLE crash_plan RENAME TO mine",
+    "ALTER TABLE (rename)": "ALTER TABLE private RENAME TO mine",
     "ALTER TABLE (a column)": "ALTER TABLE invoices ADD COLUMN x",
     "ANALYZE": "ANALYZE",
     "statistics tables": "SELECT * FROM sqlite_stat1",
@@ -124,18 +125,18 @@ KINDS = {  # every statement kind the allow-list leaves out, with SQL that needs
     "CREATE TEMP TRIGGER": "CREATE TEMP TRIGGER t AFTER INSERT ON invoices BEGIN SELECT 1; END",
     "CREATE VIRTUAL TABLE": "CREATE VIRTUAL TABLE temp.invoices USING fts5(x)",
     "CREATE VIRTUAL TABLE (main)": "CREATE VIRTUAL TABLE jobs USING fts4(x)",
-    "a table-valued function": "SELECT * FROM pragma_table_info('crash_plan')",
+    "a table-valued function": "SELECT * FROM pragma_table_info('private')",
     "json_each": "SELECT * FROM json_each('[1]')",
-    "DROP TABLE": "DROP TABLE crash_plan",
-    "DROP TRIGGER": "DROP TRIGGER crash_invoices_INSERT",
+    "DROP TABLE": "DROP TABLE private",
+    "DROP TRIGGER": "DROP TRIGGER t_audit",
     "DROP INDEX": "DROP INDEX by_amount",
     "DROP VIEW": "DROP VIEW billed",
     "a view's rows": "SELECT * FROM billed",
     "recursive CTE": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT max(x) FROM c",
     "REINDEX": "REINDEX by_amount",
-    "the judge's table": "SELECT * FROM crash_plan",
-    "the judge's table, upper case": 'SELECT * FROM main."CRASH_PLAN"',
-    "the judge's table, written": "INSERT INTO crash_plan VALUES ('x')",
+    "a table off the list": "SELECT * FROM private",
+    "a table off the list, upper case": 'SELECT * FROM main."PRIVATE"',
+    "a table off the list, written": "INSERT INTO private VALUES ('x')",
     "the temp schema": "SELECT * FROM temp.sqlite_master",
 }
 
@@ -150,7 +151,8 @@ def test_every_statement_kind_not_on_the_list_is_refused(conn, kind):
 
 
 def test_what_the_tasks_need_runs(conn):
-    """The statements the corpus's right answers send pass, the judge's trigger included."""
+    """The statements the corpus's right answers send pass; a trigger that reads a table off the
+    list is refused whatever its name (the judge has no triggers of its own any more)."""
     for sql in ("BEGIN IMMEDIATE", "INSERT INTO invoices VALUES ('j', 'INV-1', 100, 7)",
                 "SAVEPOINT s", "RELEASE s", "SELECT count(*), max(amount) FROM invoices",
                 "UPDATE invoices SET amount = amount + 1 WHERE job_id = 'j'",
@@ -159,12 +161,9 @@ def test_what_the_tasks_need_runs(conn):
                 "WITH mine AS (SELECT * FROM invoices) SELECT count(*) FROM mine",
                 "CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY)", "COMMIT"):
         assert not refusal(conn, sql), sql
-    conn.execute("INSERT INTO crash_plan VALUES ('INV-2')")
-    refused = []
-    conn.set_authorizer(policy.authorizer(refused))
-    with pytest.raises(sqlite3.IntegrityError, match="crash"):  # the trigger reads the plan
-        conn.execute("INSERT INTO invoices VALUES ('j', 'INV-2', 1, 7)")
-    assert not refused
+    conn.execute("CREATE TRIGGER crash_invoices_INSERT BEFORE INSERT ON invoices WHEN NEW.invoice_id "
+                 "IN (SELECT invoice_id FROM private) BEGIN SELECT RAISE(ABORT, 'crash'); END")
+    assert refusal(conn, "INSERT INTO invoices VALUES ('j', 'INV-2', 1, 7)") == ["read private invoice_id"]
 
 
 # ---------------------------------------------------------------- through the judge, against the bare answer
@@ -184,21 +183,21 @@ def {name}(*args, **kwargs):
     return _bare(*args, **kwargs)
 '''
 ATTACKS = {
-    "renames the crash plan, then reads it": ["ALTER TABLE crash_plan RENAME TO plan", "SELECT count(*) FROM plan"],
-    "reads the crash plan through statistics": ["ANALYZE", "SELECT count(*) FROM sqlite_stat1 WHERE tbl = 'crash_plan'"],
-    "reads the plan in upper case": ['SELECT count(*) FROM main."CRASH_PLAN"'],
+    "renames the trial's invoices, then reads them": ["ALTER TABLE invoices RENAME TO plan", "SELECT count(*) FROM plan"],
+    "reads the tables' statistics": ["ANALYZE", "SELECT count(*) FROM sqlite_stat1"],
+    "reads the temp catalogue in upper case": ['SELECT count(*) FROM TEMP."SQLITE_MASTER"'],
     "shadows the invoices with a virtual table in temp": ["CREATE VIRTUAL TABLE temp.invoices USING fts5(job_id, invoice_id, amount, generation)"],
-    "writable schema in another case, then rewrites the crash trigger": [
+    "writable schema in another case, then rewrites the triggers": [
         "PRAGMA Writable_Schema = 1", "UPDATE sqlite_master SET sql = 'x' WHERE type = 'trigger'"],
-    "lists the judge's tables through a table-valued function": ["SELECT count(*) FROM pragma_table_list WHERE name = 'crash_plan'"],
+    "lists the tables through a table-valued function": ["SELECT count(*) FROM pragma_table_list"],
     "a statement that would run for minutes (no recursion needed)": [
         "WITH a(x) AS (VALUES (1), (2), (3), (4), (5), (6), (7), (8), (9), (10)) "
         "SELECT count(*) FROM a, a AS b, a AS c, a AS d, a AS e, a AS f, a AS g, a AS h, a AS i, a AS j"],
-    "a CTE named like the judge's trigger reads the plan": [
-        "WITH crash_invoices_INSERT AS (SELECT * FROM crash_plan) SELECT count(*) FROM crash_invoices_INSERT"],
+    "a CTE named like a trial's table reads the temp catalogue": [
+        "WITH invoices AS (SELECT * FROM sqlite_temp_master) SELECT count(*) FROM invoices"],
     "a gigabyte blob in the judge's memory": ["SELECT length(zeroblob(1000000000))"],
 }
-WRONG = {  # a wrong answer per task whose break a crash plan or a judge's table could hide
+WRONG = {  # a wrong answer per task whose break a plan of the judge's, were it in reach, could hide
     "03.1": "one fenced transaction per invoice (not all or nothing)",
     "02.1": "on an error, keeps the fence raised (commits the raise alone), then re-raises",
     "02.2": "COMMIT in finally (the fence's raise outlives a crash)",
@@ -224,7 +223,6 @@ def test_sql_on_the_judges_records_gains_nothing(scored, task, how):
     bare, wrapped = scored[task]["bare"], scored[task][how]
     assert wrapped.total()[0] <= bare.total()[0], (wrapped.text(), bare.text())
     assert bare.total()[0] > 0, bare.text()  # the bare answer runs: it is wrong, not broken
-    said = ["took too long"] if "minutes" in how else [
-        "the judge does not run that SQL", "the answer's SQL names the judge's own records"]
-    assert any(words in wrapped.text() for words in said), wrapped.text()
+    said = "took too long" if "minutes" in how else "the judge does not run that SQL"
+    assert said in wrapped.text(), wrapped.text()
 

@@ -1,5 +1,6 @@
 """The package's shape: a small core on top, subpackages by role, every module within its budget."""
 
+import ast
 import pathlib
 
 import pytest
@@ -16,6 +17,8 @@ def lines(path: pathlib.Path) -> int:
 
 #: grading's modules on the two sides of the sandbox's boundary
 JUDGE = ("wire", "worker", "sandbox", "policy", "judge")
+#: what the notebook's kernel runs: the check cell's side of the judge's process boundary
+KERNEL = ("cells",)
 #: what a grade says: points per property, and the scorecard, CSV, JUnit and feedback pages
 SCORING = ("scores", "reports")
 
@@ -42,7 +45,7 @@ def test_the_top_level_holds_the_core_the_commands_and_the_subpackages_only():
 def test_line_budgets_hold():
     """The core reads in one sitting (920), the rest outside grading and engines 6,500, and grading
     as a whole (the checks, the judge with its sandbox and lending policy, the scoring, the
-    intake) 6,600: room to write plainly rather than squeeze lines."""
+    intake) 6,605: room to write plainly rather than squeeze lines."""
     found = counts()
     outside = sum(n for part, n in found.items() if part not in ("grading", "engines", "judge", "scoring"))
     print("\n" + "\n".join(f"{part:>12} {n:6}" for part, n in found.items()))
@@ -50,8 +53,9 @@ def test_line_budgets_hold():
     assert found["core"] <= 920  # 900, and binding the $1, $2, ... that both engines read (#25)
     assert outside <= 6500
     # two graded tasks added by issue 24 (06.3, 03.3); the check cell's judge started ahead, and
-    # the checks' rows, decorators and messages written out rather than squeezed (#27)
-    assert found["grading"] + found["judge"] + found["scoring"] <= 6600
+    # the checks' rows, decorators and messages written out rather than squeezed (#27); 07.2's
+    # record of issued invoices kept by the judge, and the package's face (#22)
+    assert found["grading"] + found["judge"] + found["scoring"] <= 6605
     assert all(found[name] <= 12 for name in COMMANDS)
 
 
@@ -59,3 +63,31 @@ def test_line_budgets_hold():
 def test_every_module_holds_one_idea_in_350_lines_or_fewer(module):
     """No module is longer than 350 formatted lines."""
     assert lines(module) <= 350
+
+
+def _tree(name: str) -> ast.Module:
+    return ast.parse((LABKIT / "grading" / f"{name}.py").read_text())
+
+
+def test_grading_is_a_face_and_the_judge_never_calls_back_into_the_kernels_side():
+    """labkit/grading/__init__.py only hands names on: its docstring, imports, ``__all__`` and
+    the ``__getattr__`` that hands TASKS on when first asked, no other function or class. The
+    judge's side (and the verdict it calls down into) imports nothing of the check cell's module."""
+    face = _tree("__init__").body
+    kinds = [type(node).__name__ for node in face]
+    assert set(kinds) <= {"Expr", "ImportFrom", "Assign", "AugAssign", "FunctionDef"}, kinds
+    assert [n.name for n in face if isinstance(n, ast.FunctionDef)] == ["__getattr__"]
+    assigned = {t.id for n in face if isinstance(n, (ast.Assign, ast.AugAssign))
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target])}
+    assert assigned == {"__all__"}
+    kernel = {f"labkit.grading.{name}" for name in KERNEL}
+    names = {node.name for name in KERNEL for node in _tree(name).body if hasattr(node, "name")}
+    for module in (*JUDGE, "verdicts"):
+        for node in ast.walk(_tree(module)):
+            if isinstance(node, ast.Import):
+                assert not {a.name for a in node.names} & kernel, (module, ast.unparse(node))
+            elif isinstance(node, ast.ImportFrom):
+                got = {a.name for a in node.names}
+                assert node.module not in kernel, (module, ast.unparse(node))
+                assert node.module != "labkit.grading" or not got & (names | set(KERNEL)), (
+                    module, ast.unparse(node))

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from itertools import pairwise
 from random import Random
 
@@ -15,6 +16,7 @@ from labkit.db import execute
 from labkit.grading import Schedule, hostile, task
 from labkit.grading.checks07 import _judge
 from labkit.grading.lab import process, scratch
+from labkit.grading.verdicts import Refused
 from labkit.sim.history import Event
 
 
@@ -38,6 +40,8 @@ RESUME_HOSTILE = hostile(
     ("B pauses after its 2nd invoice; C (8) takes the job over; stale B wakes up", 5, 4, 0, 0, 2),
 )
 
+
+INVOICE = "INSERT INTO invoices(job_id, invoice_id, amount, generation) VALUES (?, ?, ?, ?)"
 
 RESUME_RULES = {  # what the resuming worker must do, in the words of its findings
     "checkpoints rarely": "progress is checkpointed at most once per {every} units (checkpoints "
@@ -78,34 +82,44 @@ def resume_check(answer, schedule: Schedule, history: list) -> None:
     checks: list = []
     with scratch() as tmp:
         admin = tmp.open()
-        execute(
-            admin,
-            "CREATE TABLE issued (number INTEGER PRIMARY KEY AUTOINCREMENT, unit TEXT NOT NULL, "
-            "amount INTEGER NOT NULL, generation INTEGER NOT NULL)",
-        )
         clock = VirtualClock(rng.uniform(0, 100))
         desk = Claims(admin, clock)
         desk.enqueue(job)
+        # the judge's record of the invoices it issued, in its memory (no SQL of the answer's
+        # reaches it): (number, unit, generation) of those committed, and of those still pending
+        # in the running worker's transaction, with admin's data_version before it
+        book: dict = {"issued": [], "pending": [], "undone": [], "effect": False}
+
+        def settle() -> None:
+            """Once the worker's transaction has ended, its invoices count if it committed (it
+            moved admin's data_version); a row of one that it took out again is noted."""
+            pending = book["pending"]
+            if not pending or book["conn"].conn.in_transaction:
+                return
+            if execute(admin, "PRAGMA data_version") != book["version"]:
+                kept = {i for (i,) in execute(admin, "SELECT invoice_id FROM invoices")}
+                book["undone"] += [f"INV-{n}" for n, *_ in pending if f"INV-{n}" not in kept]
+                book["issued"] += pending
+            book["pending"] = []
 
         def issue_invoice(tx, unit, amount):
             """The billing effect: every call issues a NEW invoice number."""
-            number = tx.execute(
-                "INSERT INTO issued(unit, amount, generation) VALUES (?, ?, ?) RETURNING number",
-                (unit, amount, tx.token[1]),
-            )[0][0]
-            tx.execute(
-                "INSERT INTO invoices(job_id, invoice_id, amount, generation) VALUES (?, ?, ?, ?)",
-                (job, f"INV-{number}", amount, tx.token[1]),
-            )
+            settle()
+            if not book["pending"]:
+                book["version"] = execute(admin, "PRAGMA data_version")
+            number = 1 + max((n for n, *_ in book["issued"] + book["pending"]), default=0)
+            book["effect"] = True  # its row counts as the 2 statements the effect was: crashes stay
+            tx.execute(INVOICE, (job, f"INV-{number}", amount, tx.token[1]))
+            book["pending"].append((number, unit, tx.token[1]))
             return number
 
         def issued() -> int:
-            return execute(admin, "SELECT COUNT(*) FROM issued")[0][0]
+            settle()
+            return len(book["issued"])
 
         def log(owner: str, since: int) -> int:
             """Draw the invoices issued after number ``since``; return the last one's number."""
-            sql = "SELECT number, unit, generation FROM issued WHERE number > ?"
-            for number, unit, g in execute(admin, sql, (since,)):
+            for number, unit, g in [row for row in book["issued"] if row[0] > since]:
                 key, what = f"{job}/{unit}", f"INV-{number} ({unit})"
                 history.append(Event(clock.now(), owner, "write", "ok", g, key=key, target=what))
                 since = number
@@ -121,7 +135,7 @@ def resume_check(answer, schedule: Schedule, history: list) -> None:
                 history.append(Event(clock.now(), "C", "acquire", "ok", 8, target=job))
 
         def run(owner: str, generation: int, dies_after=0, statement=0, takeover=0, claim=None):
-            conn = tmp.open()
+            conn = book["conn"] = tmp.open()
             if claim is None:
                 claim = Claims(conn, clock).claim(job, owner, generation)
                 history.append(Event(clock.now(), owner, "acquire", "ok", generation, target=job))
@@ -129,7 +143,8 @@ def resume_check(answer, schedule: Schedule, history: list) -> None:
             count = {"sql": 0, "marks": [], "after": 0, "logged": start}
 
             def dies(sql: str) -> bool:
-                count["sql"] += 1
+                settle()
+                count["sql"], book["effect"] = count["sql"] + 1 + book["effect"], False
                 word = sql.lstrip()[:6].upper().strip()
                 done = issued() - start if word in ("COMMIT", "BEGIN") else 0
                 if word == "COMMIT":
@@ -154,7 +169,11 @@ def resume_check(answer, schedule: Schedule, history: list) -> None:
                             raise
                         count["stopped"] = type(exc).__name__
             finally:
-                conn.conn.close()
+                settle()
+                conn.conn.close()  # what was open rolls back
+                book["pending"] = []
+            if book["undone"]:
+                raise Refused(f"the answer undid invoices the judge issued: {book['undone']}")
             log(owner, count["logged"])
             if fate["dead"]:
                 history.append(Event(clock.now(), owner, "crash", "ok"))
@@ -181,8 +200,8 @@ def resume_check(answer, schedule: Schedule, history: list) -> None:
             detail = f"{owner} committed a checkpoint with no invoice of its own"
             checks.extend(("checkpoint in tx", n >= 1, rule, detail) for n, moved in steps if moved)
             if "C" in count and count["after"]:
-                late = execute(admin, "SELECT unit FROM issued WHERE number > ?", (count["mark"],))
-                detail = f"after C (8) took the job over, B (7) issued {[u for (u,) in late]}"
+                late = [u for n, u, _ in book["issued"] if n > count["mark"]]
+                detail = f"after C (8) took the job over, B (7) issued {late}"
                 checks.append(("stale refused", not late, RESUME_RULES["stale refused"], detail))
             return fate["dead"], count.get("C")
 
@@ -197,7 +216,7 @@ def resume_check(answer, schedule: Schedule, history: list) -> None:
             if again:
                 run("C", 8)
         final = desk.get(job)
-        counts = dict(execute(admin, "SELECT unit, COUNT(*) FROM issued GROUP BY unit"))
+        counts = dict(sorted(Counter(u for _, u, _ in book["issued"]).items()))
         twice = {u: n for u, n in counts.items() if n > 1}
         missing = [u for u, _ in units if u not in counts]
         if counts:

@@ -121,14 +121,12 @@ def _judge(job: tuple) -> dict:
 
 def _judge_here(job: tuple, cells: list[str]) -> dict:
     """Judge one prepared notebook in this process: ``{task: Report}``."""
-    from labkit.grading import judge
+    from labkit.grading import judge, lab
     from labkit.grading.notebooks import program
 
     _, tasks, hide, timeout, solutions, run = job
     os.environ["LABKIT_SOLUTIONS"] = str(solutions)  # the judge reads the keys from there
-    import labkit.grading
-
-    labkit.grading.SOLUTIONS = str(solutions)
+    lab.SOLUTIONS = str(solutions)
     try:
         verdicts = judge.judge(program(cells), set(tasks), hide=hide, timeout=timeout, run=run)
     except Exception as exc:  # whatever went wrong costs this notebook only, and says so

@@ -8,21 +8,23 @@
 * :class:`Schedule` is one way the world can go in a trial; :func:`hostile` and
   :func:`schedules` list a task's.
 * :func:`call`, :func:`shown`, :func:`busy`, :func:`is_bool` judge one call;
-  :func:`lease_event` records a lease in a trial's history.
+  :func:`lease_event` records a lease in a trial's history; :func:`keys` reads a quiz's answer key.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from random import Random
 from typing import Callable, Iterable
 
-from labkit.errors import Busy
+from labkit.errors import Busy, LabkitError
 from labkit.sim.files import connect_file
 from labkit.sim.history import Event
 
@@ -278,3 +280,19 @@ def is_bool(out, value: bool) -> bool:
         and got in (0, 1)
         and bool(got) is value
     )
+
+
+#: where :func:`keys` reads the answer keys: the course's own solutions/ unless the judge is
+#: told otherwise (``--solutions``); the sandbox never sees it
+SOLUTIONS = os.environ.get("LABKIT_SOLUTIONS") or str(
+    Path(__file__).resolve().parents[2] / "solutions"
+)
+
+
+def keys(task_id: str) -> dict:
+    """The answer key of a quiz task, from ``SOLUTIONS/keys.json``."""
+    try:
+        return json.loads((Path(SOLUTIONS) / "keys.json").read_text())[task_id]
+    except (OSError, ValueError, KeyError) as exc:
+        why = f"task {task_id}: no answer key in {SOLUTIONS}/keys.json ({exc})"
+        raise LabkitError(why) from None

@@ -24,8 +24,6 @@ CONN_USES = (*SQL, "commit", "rollback", "close", "enter", "exit")
 CONN_READS = ("in_transaction", "total_changes", "isolation_level")
 #: statements' leading comments and blanks (the trial's tracer skips a statement that is one)
 COMMENTS = re.compile(r"\A(?:\s+|--[^\n]*(?:\n|\Z)|/\*.*?\*/)+", re.S)
-#: the judge's own tables in a trial's file (``writers.py``'s crash plan, 07.2's issued log)
-PRIVATE = ("crash_plan", "issued")
 #: the tables an answer's SQL may read and write: labkit's own (the trials' and those labkit's
 #: code creates when an answer calls it), SQLite's sequence, and sqlite-utils' throwaway probes
 TABLES = frozenset(
@@ -33,14 +31,13 @@ TABLES = frozenset(
     "job_fence lease_counter leases objects outbox payouts repl_applied repl_log version_leases "
     "sqlite_sequence".split()
 )
-#: the judge's triggers: only they read its crash plan, and no SQL of an answer's may name one (a
-#: CTE or view of that name would pass for one in the authorizer)
-JUDGES = re.compile(r"crash_", re.I)
 PROBE = re.compile(r"t[0-9a-f]{32}")  # sqlite-utils' supports_strict / supports_on_conflict
-#: the pragmas an answer may run: a table's shape (sqlite-utils reads it), and busy_timeout read
+#: the pragmas an answer may run: the shape of one of :data:`TABLES`, a probe or their own
+#: indexes (sqlite-utils reads it), and busy_timeout read
 PRAGMAS = frozenset(
     "table_info table_xinfo index_list index_info index_xinfo foreign_key_list".split()
 )
+SHAPED = re.compile(rf"(?:sqlite_autoindex_)?(?:{'|'.join(TABLES)}|{PROBE.pattern})(?:_\d+)?")
 #: the SQL functions an answer may call: plain arithmetic, text and aggregates (no clock, no
 #: randomness, no blobs of any size, no printf widths, no extensions, JSON or full-text search)
 FUNCTIONS = frozenset(
@@ -83,10 +80,7 @@ def allow(target, what: str, args: list) -> None:
         raise AttributeError(f"a connection lent to an answer runs SQL only, not {name or what}")
     if isinstance(target, sqlite_utils.Database) and (what, name) != ("getattr", "conn"):
         raise AttributeError("a database lent to an answer is reached through its connection")
-    if isinstance(target, contextlib._GeneratorContextManager) and what not in (
-        "enter",
-        "exit",
-    ):
+    if isinstance(target, contextlib._GeneratorContextManager) and what not in ("enter", "exit"):
         raise AttributeError("a context manager lent to an answer is only entered and left")
     if callable(target) and not isinstance(target, type) and what == "call":
         return
@@ -122,15 +116,12 @@ def authorizer(refused: list, triggers: frozenset = frozenset()):
     :data:`PRAGMAS` (busy_timeout only read), the :data:`FUNCTIONS`, and a CREATE TABLE of
     labkit's own tables (its code creates them when an answer calls it). Everything else (ATTACH,
     VACUUM, views, triggers, TEMP objects, virtual tables, renames, drops, ANALYZE and statistics
-    tables, recursive queries, the judge's own tables) is refused: ``refused`` gets what, in words.
-    The judge's triggers (:data:`JUDGES`) read the crash plan: the answer can make no trigger,
-    and the judge refuses any SQL of its that names one. Where a task asks for triggers (03.3:
+    tables, recursive queries, any other table) is refused: ``refused`` gets what, in words (the
+    judge keeps no records in a trial's file). Where a task asks for triggers (03.3:
     ``Fence.protect``), ``triggers`` names the tables the answer may create them on, in ``main``;
     with them it may read ``pragma_table_info`` and call ``row_number``, as ``protect`` does."""
 
     def guard(action: int, first, second, database, trigger) -> int:
-        if JUDGES.match(trigger or "") and action in ROWS | PLAIN:  # the crash plan's trigger
-            return _A.SQLITE_OK
         table = first if action in ROWS or action == _A.SQLITE_CREATE_TABLE else None
         name = (second if action == _A.SQLITE_FUNCTION else first) or ""
         main = database == "main"
@@ -141,7 +132,7 @@ def authorizer(refused: list, triggers: frozenset = frozenset()):
             action in PLAIN
             or (action == _A.SQLITE_READ and database is None)  # a CTE
             or (action == _A.SQLITE_FUNCTION and name.lower() in FUNCTIONS)
-            or (pragma and name.lower() in PRAGMAS and second not in PRIVATE)
+            or (pragma and name.lower() in PRAGMAS and SHAPED.fullmatch(second or ""))
             or (pragma and name.lower() == "busy_timeout" and second is None)
             or (table is not None and main and (table in TABLES or PROBE.fullmatch(table)))
             # SQLite's own rows of a CREATE TABLE: it refuses a statement's own writes there

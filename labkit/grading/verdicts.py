@@ -33,6 +33,8 @@ CHECK_MODULES = (
     *(f"labkit.grading.checks{lesson:02}" for lesson in range(1, 10)),
     *(f"labkit.grading.checks{part}" for part in ("04b", "05b", "06b", "07b")),
 )
+#: the result types tasks declare, after JSON decoding (a bool may come back as the int 0 or 1)
+BOOL, NUMBER, NONE = (bool, int), (float, int), type(None)
 #: the statements of one call that the rival is put before, one schedule each, at most
 BOUNDARIES = 200
 #: an enumerated schedule's seed: its row's seed plus this times its distance from the row's boundary
