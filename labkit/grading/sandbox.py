@@ -20,6 +20,7 @@ import os
 import pathlib
 import resource
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -218,7 +219,8 @@ def _both(preexec, fds: dict):
 
 
 class Jail:
-    """The worker process; ``rfd``/``wfd`` are the judge's ends of its channel."""
+    """The worker process; ``rfd``/``wfd`` are the judge's ends of its channel, ``door`` the
+    socket on which the judge passes it each schedule's channels (the worker's fd 5)."""
 
     def __init__(self, *, hide=(), warn=None) -> None:
         self.group, self.folder = _pids_group(), None
@@ -228,6 +230,7 @@ class Jail:
             print("labkit.grading: answers have no process limit", file=warn or sys.stderr)
         self.rfd, wj = os.pipe()  # worker -> judge
         rw, self.wfd = os.pipe()  # judge -> worker
+        self.door, door = socket.socketpair()
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "MPLBACKEND": "Agg", "HOME": "/tmp"}
         env["OPENBLAS_NUM_THREADS"] = "1"
         if tool:
@@ -246,10 +249,10 @@ class Jail:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            pass_fds=(3, 4),
-            preexec_fn=_both(_limits(self.group), {rw: 3, wj: 4}),
+            pass_fds=(3, 4, 5),
+            preexec_fn=_both(_limits(self.group), {rw: 3, wj: 4, door.fileno(): 5}),
         )
-        os.close(rw), os.close(wj)
+        os.close(rw), os.close(wj), door.close()
 
     def close(self) -> None:
         """Stop the worker and everything it started; remove its cgroup and folder."""
@@ -261,5 +264,6 @@ class Jail:
         for fd in (self.rfd, self.wfd):
             with contextlib.suppress(OSError):
                 os.close(fd)
+        self.door.close()
         if self.folder:
             shutil.rmtree(self.folder, ignore_errors=True)

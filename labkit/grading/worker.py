@@ -2,15 +2,21 @@
 
 The judge (:mod:`labkit.grading.judge`) starts ``python worker.py`` inside bubblewrap and talks
 to it over fds 3 (in) and 4 (out) with :mod:`labkit.grading.wire`. The worker runs the
-notebook's cells, forks a child per schedule, and serves the judge's calls of the answer there.
+notebook's cells. Then, for each worker of a schedule (A, its rival B, a successor), it forks
+a process of its own from the notebook's state: the judge passes that process's channel (one
+end of a socket pair) over fd 5, and the process closes fds 3-5, so it speaks only on its own
+channel and shares nothing with the others but the database. A crash is a real SIGKILL.
 Every object the judge hands the answer stays in the judge: the answer gets a proxy, and each
 use of it (an SQL statement, a clock read, a callback, an RNG draw) is a request.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import signal
+import socket
 import sqlite3
 import sys
 
@@ -58,6 +64,7 @@ class _Worker(Peer):
         return None
 
     def main(self) -> None:
+        door, workers = socket.socket(fileno=5), {}  # the schedule's processes, by number
         while True:
             message = self.channel.recv()
             op = message["op"]
@@ -65,27 +72,47 @@ class _Worker(Peer):
                 error = self.run_cell(message["source"], message["number"])
                 self.channel.send({"op": "ran", "error": error})
             elif op == "fork":
-                self.fork(message.get("seed"))
+                _, (fd,), _, _ = socket.recv_fds(door, 1, 1)
+                workers[message["worker"]] = self.fork(fd, message.get("seed"))
+            elif op == "kill":  # a crash: the process dies at once, whatever it was doing
+                _kill(workers.pop(message["worker"]))
+                self.channel.send({"op": "killed"})
+            elif op == "end":  # the schedule is over: its processes go
+                for pid in workers.values():
+                    _kill(pid)
+                workers.clear()
+                self.channel.send({"op": "done"})
             elif op == "quit":
                 return
 
-    def fork(self, seed: int | None = None) -> None:
-        """A child for one schedule, its ``random`` seeded with ``seed`` (the schedule's)."""
+    def fork(self, fd: int, seed) -> int:
+        """A process for one worker of a schedule, speaking on ``fd`` only, its ``random``
+        seeded with ``seed`` (the schedule's and the worker's)."""
         pid = os.fork()
-        if pid == 0:
+        if pid:
+            os.close(fd)  # a later worker must not inherit this one's channel
+            return pid
+        try:
+            for mine in (3, 4, 5):
+                os.close(mine)
             random.seed(seed)
-            try:
-                while (message := self.channel.recv())["op"] in ("answer", "req"):
-                    if message["op"] == "req":
-                        self.serve(message)
-                        continue
-                    found = self.ns.get(message["name"])
-                    value = self.out(found) if callable(found) else None
-                    self.channel.send({"op": "answer", "value": value})
-            finally:
-                os._exit(0)
-        _, status = os.waitpid(pid, 0)
-        self.channel.send({"op": "done", "status": status})
+            self.channel = Channel(fd, fd)
+            while (message := self.channel.recv())["op"] in ("answer", "req"):
+                if message["op"] == "req":
+                    self.serve(message)
+                    continue
+                found = self.ns.get(message["name"])
+                value = self.out(found) if callable(found) else None
+                self.channel.send({"op": "answer", "value": value})
+        finally:
+            os._exit(0)
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
 
 
 class ProxyConnection(sqlite3.Connection):
