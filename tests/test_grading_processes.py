@@ -22,13 +22,25 @@ from labkit.grading import judge, lab
 
 PROBE = """
 import os
-calls = []          # what this process remembers: the calls it served
+calls, me = [], []  # what this process remembers: the calls it served, a name it drew
 
-def who(conn, tag="", rival=None):
+def who(conn, tag=""):
+    me[:] = me or [os.urandom(8).hex()]   # drawn in this process (the cells drew none)
     calls.append(tag)
     conn.execute("SELECT 1").fetchall()   # B may come here, before the 2nd statement
     conn.execute("SELECT 2").fetchall()
-    return [os.getpid(), list(calls)]
+    return [me[0], list(calls)]
+
+def signs(conn):
+    \"\"\"What a schedule could be counted or told apart by: the pid, the parent's, what the
+    earlier schedules left in /tmp and /dev/shm, the processes /proc shows.\"\"\"
+    seen = {"pid": os.getpid(), "ppid": os.getppid(), "tmp": sorted(os.listdir("/tmp"))}
+    seen["proc"] = sorted(os.listdir("/proc")) if os.path.isdir("/proc") else None
+    seen["shm"] = sorted(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else None
+    with open(f"/tmp/mark-{os.urandom(4).hex()}", "w") as f:   # /tmp can be written
+        f.write(str(calls))
+    calls.append("signs")
+    return [seen, list(calls)]
 
 def crash(conn, effect):
     calls.append("crash")
@@ -71,6 +83,18 @@ def test_a_rival_that_comes_in_the_middle_of_a_call_runs_in_another_process(box)
     assert inner is not None, "the rival never came"
     assert inner[0] != outer[0]
     assert inner[1] == ["B"] and outer[1] == ["A"]  # neither saw the other's call
+
+
+def test_no_schedule_and_no_worker_can_be_told_apart_from_inside(box):
+    """Every worker of every schedule is pid 1 of its own numbering, with a /tmp of its own
+    (what the cells left there, and nothing an earlier schedule wrote), an empty /proc and
+    /dev/shm: what one process sees of itself, the next sees the same."""
+    seen = []
+    for _ in range(3):  # three schedules, two workers each
+        with lab.scratch() as tmp, box.answer("signs", ()) as signs:
+            seen += [signs(tmp.open().conn), signs(tmp.open().conn)]
+    assert all(s == seen[0] for s in seen), seen
+    assert seen[0][1] == ["signs"] and seen[0][0]["tmp"] == [".labkit"]
 
 
 def test_a_crash_kills_the_process_and_the_successor_remembers_nothing(box):

@@ -165,6 +165,14 @@ def _works(tool: str, uid: int | None) -> str | None:
     return None if done.returncode == 0 else (done.stderr.strip() or f"exit {done.returncode}")
 
 
+def _runs_as() -> int | None:
+    """The uid a sandboxed worker runs as, when the grader is root: a user of its own (through
+    ``setpriv``), which RLIMIT_NPROC binds where no cgroup limits processes, and which each
+    worker's process can map into a user namespace of its own (its own /tmp and pids); None:
+    the grader's own (not root, or no setpriv)."""
+    return _uid() if os.getuid() == 0 and shutil.which("setpriv") else None
+
+
 def missing() -> list[str]:
     """What the grader lacks to run answers sandboxed, in words ([] if nothing): bubblewrap,
     a bubblewrap that works here, a process limit."""
@@ -180,7 +188,7 @@ def missing() -> list[str]:
             "no process limit: no pids cgroup (v1, or v2 delegated) and no setpriv to run "
             "answers as a user of their own (`apt-get install util-linux`)"
         ]
-    why = _works(tool, _uid() if kind == "uid" else None)
+    why = _works(tool, _runs_as())
     return [f"bubblewrap cannot start a sandbox here: {why}"] if why else []
 
 
@@ -225,7 +233,7 @@ class Jail:
     def __init__(self, *, hide=(), warn=None) -> None:
         self.group, self.folder = _pids_group(), None
         tool, self.limit = bwrap(), process_limit(self.group)
-        uid = _uid() if self.limit == "uid" else None
+        uid = _runs_as() if tool else None
         if self.limit is None:  # root, no pids cgroup, no bubblewrap: RLIMIT_NPROC does not bind
             print("labkit.grading: answers have no process limit", file=warn or sys.stderr)
         self.rfd, wj = os.pipe()  # worker -> judge
