@@ -74,7 +74,11 @@ def _argv(tool: str, hide, uid: int | None = None) -> list[str]:
     argv += ["--dev", "/dev", "--proc", "/proc", "--size", str(TMP_BYTES)]
     argv += ["--tmpfs", "/tmp"] if uid is None else ["--perms", "1777", "--tmpfs", "/tmp"]
     argv += ["--perms", "0755", "--dir", "/tmp/.labkit"]  # the worker's uid reads it
-    for place in sorted({sys.base_prefix, sys.prefix, str(LABKIT)}, key=len):
+    places = {sys.base_prefix, sys.prefix, str(LABKIT)}
+    # the folders above them, which bwrap would make 0700: the worker's own uid must pass them
+    for above in sorted({str(a) for p in places for a in pathlib.Path(p).parents} - {"/"}, key=len):
+        argv += ["--perms", "0755", "--dir", above]
+    for place in sorted(places, key=len):
         argv += ["--ro-bind", place, place]
     shown = (sys.base_prefix, sys.prefix, str(LABKIT))
     for place in sorted({str(pathlib.Path(p).resolve()) for p in hide}):

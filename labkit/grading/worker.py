@@ -104,6 +104,7 @@ class _Worker(Peer):
                     os.waitpid(inner, 0)
                     os._exit(0)
                 _LIBC.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+                _powerless()
             random.seed(seed)
             self.channel = Channel(fd, fd)
             while (message := self.channel.recv())["op"] in ("answer", "req"):
@@ -118,7 +119,8 @@ class _Worker(Peer):
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
-CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, PR_SET_PDEATHSIG = 0x20000, 0x10000000, 0x20000000, 1
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID = 0x20000, 0x10000000, 0x20000000
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP = 1, 24
 
 
 def _alone() -> bool:
@@ -145,6 +147,17 @@ def _alone() -> bool:
         if os.path.isdir(place):
             _mount(place, "size=4k,mode=555")
     return True
+
+
+def _powerless() -> None:
+    """Drop every capability the new user namespace gave (the bounding set too), so that the
+    answer cannot undo its world: no unmounting /tmp or /proc's cover, no mounts of its own."""
+    for cap in range(64):
+        if _LIBC.prctl(PR_CAPBSET_DROP, cap) != 0:
+            break  # past the last capability this kernel knows
+    header, nothing = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()
+    if _LIBC.capset(header, nothing) != 0:
+        raise OSError(ctypes.get_errno(), "drop the capabilities")
 
 
 def _mount(place: str, options: str) -> None:
