@@ -110,7 +110,7 @@ with judge.Sandbox(timeout=30) as box:
     assert box.cell(FORK_LOOP, 0) is None
     with box.answer("fork_loop", ()) as fork_loop:
         made = fork_loop()
-    running = descendants(os.getpid())  # the worker, its copies and the loop's sleepers
+        running = descendants(os.getpid())  # the worker, its copies and the loop's sleepers
     limit, group = box.jail.limit, str(box.jail.group)
 for _ in range(1000):  # SIGKILL is at once; the kernel reaps them soon after
     left = [pid for pid in running if proc_state(pid) not in ("gone", "Z")]

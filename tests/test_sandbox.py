@@ -66,9 +66,20 @@ def write(path, megabytes, files=1):
                 pass
     return [done, None]
 
-def status():
-    with open("/proc/self/status") as f:
-        return f.read()
+def status():  # capget(2): /proc shows the answer nothing
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    header, data = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()
+    assert libc.capget(header, data) == 0
+    tab, eff, prm = chr(9), data[3] << 32 | data[0], data[4] << 32 | data[1]
+    return chr(10).join([f"CapEff:{tab}{eff:016x}", f"CapPrm:{tab}{prm:016x}"])
+
+def undo(place):  # unmount what covers /tmp or /proc, or mount a tmpfs of its own
+    import ctypes, os
+    libc = ctypes.CDLL(None, use_errno=True)
+    done = libc.umount2(place.encode(), 2) if place != "mount" else libc.mount(
+        b"tmpfs", b"/tmp", b"tmpfs", 0, b"size=1m")
+    return [done, os.strerror(ctypes.get_errno())]
 
 def connect(port):
     try:
@@ -154,7 +165,8 @@ def test_an_answer_writes_only_to_a_small_tmp(box):
     done, error = _call(box, "write", "/tmp/big", 10, 8)  # 80 MB in 10 MB files (file limit 16)
     assert error == "OSError" and done < sandbox.TMP_BYTES >> 20
     for place in ("/etc", "/usr", ROOT / "labkit", ROOT / ".venv"):
-        assert _call(box, "write", f"{place}/answer-was-here", 1) == [0, "OSError"], place
+        refused = _call(box, "write", f"{place}/answer-was-here", 1)  # read-only, or not its own
+        assert refused in ([0, "OSError"], [0, "PermissionError"]), (place, refused)
     assert not list((ROOT / "labkit").glob("answer-was-here*"))
 
 
@@ -175,6 +187,12 @@ def test_an_answer_has_no_capabilities(box):
     )
     assert lines["CapEff"] == "0000000000000000"
     assert lines["CapPrm"] == "0000000000000000"
+
+
+@pytest.mark.parametrize("place", ["/tmp", "/proc", "/dev/shm", "mount"])
+def test_an_answer_cannot_undo_the_world_its_process_was_given(box, place):
+    """Its own /tmp, and the empty /proc and /dev/shm, stay: no unmount, no mount of its own."""
+    assert _call(box, "undo", place) == [-1, "Operation not permitted"]
 
 
 def _workers() -> dict[int, bytes]:
@@ -218,8 +236,9 @@ def test_a_fork_loop_is_stopped_and_leaves_no_process_behind():
     before = _workers()  # the other tests' sandbox, open for the module
     with judge.Sandbox(timeout=20) as box:
         assert box.cell(FORK_LOOP, 0) is None
-        made = _call(box, "fork_loop")
-        alive = {pid: line for pid, line in _workers().items() if pid not in before}
+        with box.answer("fork_loop", ()) as fork_loop:  # while the schedule lasts
+            made = fork_loop()
+            alive = {pid: line for pid, line in _workers().items() if pid not in before}
         assert 0 < made < 64
         assert len(alive) > made  # the loop's processes, still sleeping in the sandbox
     assert subprocess.run(["true"], check=False).returncode == 0  # the judge's machine still forks

@@ -1,29 +1,29 @@
 """The judge: runs a notebook's answers in a sandboxed worker, and every trial in its own process.
 
 :class:`Sandbox` runs the worker (:mod:`labkit.grading.sandbox`) and speaks to it with
-:mod:`labkit.grading.wire`. :meth:`Sandbox.answer` forks a fresh copy of the answer's process
-for one schedule and gives the trial a :class:`RemoteAnswer`: calling it sends the call, then
-serves the answer's requests on the judge's own objects until the answer returns. What comes
-back is plain values of the task's declared types; anything else fails the task.
+:mod:`labkit.grading.wire`. :meth:`Sandbox.answer` gives the trial of one schedule a
+:class:`~labkit.grading.forks.RemoteAnswer`: each worker's calls go to a fresh process of its
+own, forked from the answer's (:mod:`labkit.grading.forks`), and each call serves the answer's
+requests on the judge's own objects until the answer returns. What comes back is plain values
+of the task's declared types; anything else fails the task.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
+import socket
 import sqlite3
 import sys
 import threading
 
-import sqlite_utils
-
 from labkit.clock import RealClock
 from labkit.grading import lab, wire
-from labkit.grading.policy import SQL, allow, authorizer, lendable
+from labkit.grading.forks import Killed, RemoteAnswer, Workers
+from labkit.grading.policy import SQL, allow, authorizer
 from labkit.grading.sandbox import Jail, sandboxed
 from labkit.grading.verdicts import Refused
 
-__all__ = ["Sandbox", "RemoteAnswer", "Refused", "judge", "attempt", "sandboxed"]
+__all__ = ["Sandbox", "RemoteAnswer", "Killed", "Refused", "judge", "attempt", "sandboxed"]
 
 
 #: a whole task may take this many times the per-message timeout (real time: a grader must end)
@@ -34,12 +34,12 @@ STATEMENT_LIMIT = 2.0
 
 class Sandbox(wire.Peer):
     """One worker process for one notebook (in a :class:`~labkit.grading.sandbox.Jail`): run
-    its cells, then fork it per schedule. ``hide`` lists more folders the answer must not see
-    (submissions, outputs, solutions). ``broken`` once the worker stopped answering.
+    its cells, then fork it per worker of each schedule. ``hide`` lists more folders the answer
+    must not see (submissions, outputs, solutions). ``broken`` once the worker stopped answering.
     """
 
     def __init__(self, *, hide=(), timeout: float = 30.0, warn=None) -> None:
-        self.timeout, self.broken, self.child, self.told = timeout, False, False, set()
+        self.timeout, self.broken = timeout, False
         self.deadline: float | None = None  # when the task being judged must be done by
         self.lent: set = set()  # the connections lent to the answer in this schedule
         self.served: list[tuple] = []  # its requests: (the object's class, what, the arguments)
@@ -57,21 +57,24 @@ class Sandbox(wire.Peer):
             self.channel.send({"op": "quit"})
         self.jail.close()
 
-    def wait(self) -> dict:
+    def wait(self, channel: wire.Channel | None = None) -> dict:
+        """The next message on ``channel`` (a worker's; None: the notebook's process's)."""
         left = self.timeout if self.deadline is None else self.deadline - CLOCK.now()
         try:
             try:
-                message = self.channel.recv(max(0.0, min(self.timeout, left)))
+                message = (channel or self.channel).recv(max(0.0, min(self.timeout, left)))
             except TimeoutError:
                 if left >= self.timeout:
                     raise
                 raise TimeoutError(f"the task took more than {TASK_LIMIT * self.timeout:g} s")
-        except (OSError, wire.ChannelClosed, TimeoutError) as exc:
+        except wire.ChannelClosed as exc:
+            if channel is None:
+                self.broken = True
+                raise Refused(f"the answer's process stopped answering ({exc})") from None
+            raise Refused("the answer's process exited in the middle of a call") from None
+        except (OSError, TimeoutError) as exc:
             self.broken = True
             raise Refused(f"the answer's process stopped answering ({exc})") from None
-        if message.get("op") == "done":
-            self.child = False
-            raise Refused("the answer's process exited in the middle of a call")
         return message
 
     def unexpected(self, message: dict) -> None:
@@ -100,11 +103,18 @@ class Sandbox(wire.Peer):
         self.served.append((type(target).__name__, what, list(args)))
         allow(target, what, args)
 
-    def handle(self, value):
-        """Lend ``value`` (see :func:`~labkit.grading.policy.lendable`), or refuse: a frame, a path, a module stays here."""
-        if id(value) not in self.ids and not lendable(value):
-            raise PermissionError(f"a {type(value).__name__} of the judge's cannot be lent")
-        return super().handle(value)
+    def fork(self, number: int, seed, channel: socket.socket) -> None:
+        """Fork the worker ``number`` of this schedule, speaking on ``channel`` (its end)."""
+        self._ask({"op": "fork", "worker": number, "seed": seed}, reply=False)
+        try:
+            socket.send_fds(self.jail.door, [b"."], [channel.fileno()])
+        except OSError as exc:
+            self.broken = True
+            raise Refused(f"the answer's process is gone ({exc})") from None
+
+    def kill(self, number: int) -> None:
+        """Kill the worker ``number`` of this schedule at once (SIGKILL), as a crash does."""
+        self._ask({"op": "kill", "worker": number})
 
     def perform(self, target, what: str, args: list):
         """Run the answer's SQL under the allow-list of :func:`~labkit.grading.policy.authorizer`
@@ -141,82 +151,26 @@ class Sandbox(wire.Peer):
             )
         raise Refused(f"the judge does not run that SQL ({refused[0]}): a task needs none of it")
 
-    def kind(self, value) -> list:
-        if isinstance(value, sqlite3.Connection):
-            self.lent.add(value)
-            return ["conn"]
-        if isinstance(value, sqlite_utils.Database):
-            return ["db", self.handle(value.conn)[1]]
-        kind = type(value)
-        methods = None if kind in self.told else _methods(kind)  # once per class and fork
-        self.told.add(kind)
-        return ["object", kind.__module__, kind.__qualname__, methods]
-
     @contextlib.contextmanager
     def answer(self, name: str, returns: tuple):
-        """Fork the answer's process for one schedule; yield ``name`` there as a RemoteAnswer
-        (Refused if the notebook defines no such function)."""
+        """Yield ``name`` for one schedule as a RemoteAnswer, whose workers' calls each go to a
+        process of their own (Refused if the notebook defines no such function)."""
         if self.broken:
             raise Refused("the answer's process stopped answering")
-        self.mine.clear(), self.theirs.clear(), self.ids.clear(), self.raised.clear()
-        self.told, self.lent, self.served = set(), set(), []
-        self._ask({"op": "fork", "seed": lab.LUCK[-1] if lab.LUCK else None}, reply=False)
-        self.child = True
+        self.lent, self.served = set(), []
+        workers = Workers(self, name, lab.LUCK[-1] if lab.LUCK else None)
         try:
-            found = self._ask({"op": "answer", "name": name}).get("value")
-            if not isinstance(found, list) or found[0] != "H":
+            if workers.start() is None:
                 why = (
                     f"{self.errors[-1]}: fix it, and {name!r} can be judged" if self.errors else ""
                 )
                 raise Refused(why or f"the notebook defines no function {name!r}")
-            yield RemoteAnswer(self, found[1], name, returns)
+            yield RemoteAnswer(workers, name, returns)
         finally:
-            if self.child and not self.broken:  # else its parent's "done" came already
+            workers.close()
+            if not self.broken:
                 with contextlib.suppress(Refused):
-                    self._ask({"op": "exit"})
-
-
-def _a(kind: type) -> str:
-    """A type in words: "a dict", "an int", "None"."""
-    name = kind.__name__
-    return "None" if kind is type(None) else ("an " if name[0] in "aeiou" else "a ") + name
-
-
-@functools.cache
-def _methods(kind: type) -> list[str]:
-    """The public methods of a class: a proxy calls them in one request, not two."""
-    found = {n: getattr(kind, n, None) for n in dir(kind) if not n.startswith("_")}
-    return [n for n, v in found.items() if callable(v) and not isinstance(v, type)]
-
-
-class RemoteAnswer:
-    """The answer, as the trial calls it: each call is a request to the answer's process, whose
-    result must be plain values of the task's declared types."""
-
-    def __init__(self, box: Sandbox, ident, name: str, returns: tuple) -> None:
-        self.box, self.ident, self.__name__, self.returns = box, ident, name, returns
-
-    def __call__(self, *args, **kwargs):
-        box = self.box
-        try:
-            data = box.request(self.ident, "call", list(args), kwargs, raw=True)
-        except (Exception, Refused):  # the answer's exception, rebuilt as a class we know
-            raise
-        except BaseException as exc:  # SystemExit, KeyboardInterrupt: not the judge's to obey
-            raise Refused(f"the answer raised {type(exc).__name__}: {exc}") from None
-        try:
-            value = wire.decode(data, self._ours)
-        except wire.NotCrossable as exc:
-            raise Refused(f"the answer returned {exc}: only plain values cross") from None
-        if self.returns and type(value) not in self.returns:
-            names = " or ".join(map(_a, self.returns))
-            raise Refused(f"the answer returns {names}; it returned {_a(type(value))}")
-        return value
-
-    def _ours(self, tagged):
-        if tagged[0] != "Y":
-            raise wire.NotCrossable("an object of its own")
-        return self.box.resolve(tagged)
+                    self._ask({"op": "end"})
 
 
 def judge(items: list[tuple], tasks=None, *, hide=(), timeout=30.0, run=None, box=None) -> dict:

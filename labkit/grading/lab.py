@@ -199,8 +199,8 @@ LUCK: list[int] = []
 #: id(connection) -> the tables on which the answer's SQL on that connection may create triggers
 #: (a task that asks for them, 03.3: read through the module, as DYING is)
 TRIGGERS: dict[int, frozenset] = {}
-#: id(connection) -> whether its worker's process is dead (the judge's own progress handler,
-#: which bounds the answer's statements, keeps interrupting a dead worker's statements)
+#: id(connection) -> whether its worker's process is dead (the judge kills a sandboxed worker's
+#: process when one of its requests ends so: see labkit.grading.forks)
 DYING: dict[int, Callable[[], bool]] = {}
 
 
@@ -209,7 +209,9 @@ def process(db, dies):
     """Run a worker on ``db`` whose process dies when ``dies(sql)`` first says so.
 
     From then on every statement on ``db`` is interrupted; closing the connection
-    rolls back what was open. Yields a dict whose ``"dead"`` says whether it died.
+    rolls back what was open. An answer judged in the sandbox is killed there for real (its
+    process gets SIGKILL, its call raises :class:`~labkit.grading.forks.Killed`). Yields a dict
+    whose ``"dead"`` says whether it died.
     """
     seen = {"dead": False}
 

@@ -20,6 +20,7 @@ import os
 import pathlib
 import resource
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -73,7 +74,11 @@ def _argv(tool: str, hide, uid: int | None = None) -> list[str]:
     argv += ["--dev", "/dev", "--proc", "/proc", "--size", str(TMP_BYTES)]
     argv += ["--tmpfs", "/tmp"] if uid is None else ["--perms", "1777", "--tmpfs", "/tmp"]
     argv += ["--perms", "0755", "--dir", "/tmp/.labkit"]  # the worker's uid reads it
-    for place in sorted({sys.base_prefix, sys.prefix, str(LABKIT)}, key=len):
+    places = {sys.base_prefix, sys.prefix, str(LABKIT)}
+    # the folders above them, which bwrap would make 0700: the worker's own uid must pass them
+    for above in sorted({str(a) for p in places for a in pathlib.Path(p).parents} - {"/"}, key=len):
+        argv += ["--perms", "0755", "--dir", above]
+    for place in sorted(places, key=len):
         argv += ["--ro-bind", place, place]
     shown = (sys.base_prefix, sys.prefix, str(LABKIT))
     for place in sorted({str(pathlib.Path(p).resolve()) for p in hide}):
@@ -164,6 +169,14 @@ def _works(tool: str, uid: int | None) -> str | None:
     return None if done.returncode == 0 else (done.stderr.strip() or f"exit {done.returncode}")
 
 
+def _runs_as() -> int | None:
+    """The uid a sandboxed worker runs as, when the grader is root: a user of its own (through
+    ``setpriv``), which RLIMIT_NPROC binds where no cgroup limits processes, and which each
+    worker's process can map into a user namespace of its own (its own /tmp and pids); None:
+    the grader's own (not root, or no setpriv)."""
+    return _uid() if os.getuid() == 0 and shutil.which("setpriv") else None
+
+
 def missing() -> list[str]:
     """What the grader lacks to run answers sandboxed, in words ([] if nothing): bubblewrap,
     a bubblewrap that works here, a process limit."""
@@ -179,7 +192,7 @@ def missing() -> list[str]:
             "no process limit: no pids cgroup (v1, or v2 delegated) and no setpriv to run "
             "answers as a user of their own (`apt-get install util-linux`)"
         ]
-    why = _works(tool, _uid() if kind == "uid" else None)
+    why = _works(tool, _runs_as())
     return [f"bubblewrap cannot start a sandbox here: {why}"] if why else []
 
 
@@ -218,16 +231,18 @@ def _both(preexec, fds: dict):
 
 
 class Jail:
-    """The worker process; ``rfd``/``wfd`` are the judge's ends of its channel."""
+    """The worker process; ``rfd``/``wfd`` are the judge's ends of its channel, ``door`` the
+    socket on which the judge passes it each schedule's channels (the worker's fd 5)."""
 
     def __init__(self, *, hide=(), warn=None) -> None:
         self.group, self.folder = _pids_group(), None
         tool, self.limit = bwrap(), process_limit(self.group)
-        uid = _uid() if self.limit == "uid" else None
+        uid = _runs_as() if tool else None
         if self.limit is None:  # root, no pids cgroup, no bubblewrap: RLIMIT_NPROC does not bind
             print("labkit.grading: answers have no process limit", file=warn or sys.stderr)
         self.rfd, wj = os.pipe()  # worker -> judge
         rw, self.wfd = os.pipe()  # judge -> worker
+        self.door, door = socket.socketpair()
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "MPLBACKEND": "Agg", "HOME": "/tmp"}
         env["OPENBLAS_NUM_THREADS"] = "1"
         if tool:
@@ -246,10 +261,10 @@ class Jail:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            pass_fds=(3, 4),
-            preexec_fn=_both(_limits(self.group), {rw: 3, wj: 4}),
+            pass_fds=(3, 4, 5),
+            preexec_fn=_both(_limits(self.group), {rw: 3, wj: 4, door.fileno(): 5}),
         )
-        os.close(rw), os.close(wj)
+        os.close(rw), os.close(wj), door.close()
 
     def close(self) -> None:
         """Stop the worker and everything it started; remove its cgroup and folder."""
@@ -261,5 +276,6 @@ class Jail:
         for fd in (self.rfd, self.wfd):
             with contextlib.suppress(OSError):
                 os.close(fd)
+        self.door.close()
         if self.folder:
             shutil.rmtree(self.folder, ignore_errors=True)

@@ -2,15 +2,23 @@
 
 The judge (:mod:`labkit.grading.judge`) starts ``python worker.py`` inside bubblewrap and talks
 to it over fds 3 (in) and 4 (out) with :mod:`labkit.grading.wire`. The worker runs the
-notebook's cells, forks a child per schedule, and serves the judge's calls of the answer there.
+notebook's cells. Then, for each worker of a schedule (A, its rival B, a successor), it forks
+a process of its own from the notebook's state: the judge passes that process's channel (one
+end of a socket pair) over fd 5, and the process closes fds 3-5, so it speaks only on its own
+channel and shares nothing with the others but the database. A crash is a real SIGKILL.
 Every object the judge hands the answer stays in the judge: the answer gets a proxy, and each
 use of it (an SQL statement, a clock read, a callback, an RNG draw) is a request.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import random
+import shutil
+import signal
+import socket
 import sqlite3
 import sys
 
@@ -58,6 +66,7 @@ class _Worker(Peer):
         return None
 
     def main(self) -> None:
+        door, workers = socket.socket(fileno=5), {}  # the schedule's processes, by number
         while True:
             message = self.channel.recv()
             op = message["op"]
@@ -65,27 +74,102 @@ class _Worker(Peer):
                 error = self.run_cell(message["source"], message["number"])
                 self.channel.send({"op": "ran", "error": error})
             elif op == "fork":
-                self.fork(message.get("seed"))
+                _, (fd,), _, _ = socket.recv_fds(door, 1, 1)
+                workers[message["worker"]] = self.fork(fd, message.get("seed"))
+            elif op == "kill":  # a crash: the process dies at once, whatever it was doing
+                _kill(workers.pop(message["worker"]))
+                self.channel.send({"op": "killed"})
+            elif op == "end":  # the schedule is over: its processes go
+                for pid in workers.values():
+                    _kill(pid)
+                workers.clear()
+                self.channel.send({"op": "done"})
             elif op == "quit":
                 return
 
-    def fork(self, seed: int | None = None) -> None:
-        """A child for one schedule, its ``random`` seeded with ``seed`` (the schedule's)."""
+    def fork(self, fd: int, seed) -> int:
+        """A process for one worker of a schedule, speaking on ``fd`` only, its ``random``
+        seeded with ``seed`` (the schedule's and the worker's)."""
         pid = os.fork()
-        if pid == 0:
+        if pid:
+            os.close(fd)  # a later worker must not inherit this one's channel
+            return pid
+        try:
+            for mine in (3, 4, 5):
+                os.close(mine)
+            if _alone():  # this process is the new numbering's parent: it lives as long as its
+                inner = os.fork()  # child (pid 1), which dies with it (the judge's kill)
+                if inner:
+                    os.close(fd)
+                    os.waitpid(inner, 0)
+                    os._exit(0)
+                _LIBC.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+                _powerless()
             random.seed(seed)
-            try:
-                while (message := self.channel.recv())["op"] in ("answer", "req"):
-                    if message["op"] == "req":
-                        self.serve(message)
-                        continue
-                    found = self.ns.get(message["name"])
-                    value = self.out(found) if callable(found) else None
-                    self.channel.send({"op": "answer", "value": value})
-            finally:
-                os._exit(0)
-        _, status = os.waitpid(pid, 0)
-        self.channel.send({"op": "done", "status": status})
+            self.channel = Channel(fd, fd)
+            while (message := self.channel.recv())["op"] in ("answer", "req"):
+                if message["op"] == "req":
+                    self.serve(message)
+                    continue
+                found = self.ns.get(message["name"])
+                value = self.out(found) if callable(found) else None
+                self.channel.send({"op": "answer", "value": value})
+        finally:
+            os._exit(0)
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID = 0x20000, 0x10000000, 0x20000000
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP = 1, 24
+
+
+def _alone() -> bool:
+    """Give this worker's process a world of its own, so that no schedule can be counted or told
+    apart from inside: user, pid and mount namespaces (its child is pid 1 in its own numbering),
+    a fresh /tmp holding what the cells left there, and nothing in /proc or /dev/shm. False
+    where no user namespace can be had (as root: mapping uid 0 takes a capability the sandbox
+    dropped). Hand-written on ctypes: Python 3.11 has no os.unshare and no mount."""
+    uid, gid = os.geteuid(), os.getegid()
+    if uid == 0 or _LIBC.unshare(CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS) != 0:
+        return False
+    for name, line in (
+        ("setgroups", "deny"),
+        ("uid_map", f"{uid} {uid} 1"),
+        ("gid_map", f"{gid} {gid} 1"),
+    ):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(line)
+    kept, size = os.open("/tmp", os.O_RDONLY | os.O_DIRECTORY), os.statvfs("/tmp")
+    _mount("/tmp", f"size={size.f_blocks * size.f_frsize},mode=1777")
+    shutil.copytree(f"/proc/self/fd/{kept}", "/tmp", symlinks=True, dirs_exist_ok=True)
+    os.close(kept)
+    for place in ("/proc", "/dev/shm"):
+        if os.path.isdir(place):
+            _mount(place, "size=4k,mode=555")
+    return True
+
+
+def _powerless() -> None:
+    """Drop every capability the new user namespace gave (the bounding set too), so that the
+    answer cannot undo its world: no unmounting /tmp or /proc's cover, no mounts of its own."""
+    for cap in range(64):
+        if _LIBC.prctl(PR_CAPBSET_DROP, cap) != 0:
+            break  # past the last capability this kernel knows
+    header, nothing = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()
+    if _LIBC.capset(header, nothing) != 0:
+        raise OSError(ctypes.get_errno(), "drop the capabilities")
+
+
+def _mount(place: str, options: str) -> None:
+    if _LIBC.mount(b"tmpfs", place.encode(), b"tmpfs", 0, options.encode()) != 0:
+        raise OSError(ctypes.get_errno(), f"mount a tmpfs on {place}")
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
 
 
 class ProxyConnection(sqlite3.Connection):

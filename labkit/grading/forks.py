@@ -1,0 +1,209 @@
+"""The answer's processes in one schedule: A, its rival B and any successor, a process each.
+
+A trial calls the answer as one function (:class:`RemoteAnswer`); each call goes to the
+process of the worker that makes it. A worker is known by the connections its call is given,
+directly or as an attribute of an object it is given (a ``Claims`` holds its database): the
+first call on a connection forks a process from the notebook's state (:class:`Workers`), and
+later calls on it go back there. A call given no connection goes to the first process, or,
+made while another call is running (a rival), to a process of its own. The processes share
+nothing but the database: B cannot see that A is in the middle of a call.
+
+When a worker dies at a statement (:func:`labkit.grading.lab.process`), the judge kills its
+process for real (SIGKILL) and the trial's call raises :class:`Killed`. What the process held
+in memory dies with it, and the successor, on a connection of its own, is a fresh process.
+"""
+
+from __future__ import annotations
+
+import functools
+import socket
+import sqlite3
+
+from labkit.grading import lab, wire
+from labkit.grading.policy import lendable
+from labkit.grading.verdicts import Refused
+
+__all__ = ["Killed", "Dead", "Workers", "RemoteAnswer"]
+
+
+class Killed(Exception):
+    """The worker's process was killed at a statement, a crash its schedule chose: its call
+    never returned, and nothing it held survives but what it committed."""
+
+
+class Dead(BaseException):
+    """A dying worker's statement ended (raised in the judge): unwinds to that worker's call,
+    which kills its process. A BaseException, so that no ``except`` of the trial's eats it."""
+
+
+class Process(wire.Peer):
+    """One worker's process and its channel: what the judge lent it, the proxies of its objects."""
+
+    def __init__(self, workers: Workers, number: int) -> None:
+        self.socket, theirs = socket.socketpair()
+        workers.box.fork(number, workers.seed(number), theirs)
+        theirs.close()
+        super().__init__(wire.Channel(self.socket.fileno(), self.socket.fileno()))
+        self.box, self.number, self.told, self.function = workers.box, number, set(), None
+        self.conns: frozenset = frozenset()  # id() of the connections its worker is known by
+
+    def wait(self) -> dict:
+        return self.box.wait(self.channel)
+
+    def unexpected(self, message: dict) -> None:
+        self.box.unexpected(message)
+
+    def allow(self, target, what: str, args: list) -> None:
+        self.box.allow(target, what, args)
+
+    def perform(self, target, what: str, args: list):
+        """Do the request; Dead if the worker died meanwhile (at a statement of its own, or of
+        the judge's object it called): its process is then killed, and gets no reply."""
+        try:
+            done = self.box.perform(target, what, args)
+        except Exception:
+            if self.died():
+                raise Dead from None
+            raise
+        if self.died():
+            raise Dead
+        return done
+
+    def died(self) -> bool:
+        """Whether a connection of this worker's has died (see :func:`labkit.grading.lab.process`)."""
+        return any(lab.DYING.get(conn, bool)() for conn in self.conns)
+
+    def handle(self, value):
+        """Lend ``value`` (see :func:`~labkit.grading.policy.lendable`), or refuse: a frame, a path, a module stays here."""
+        if id(value) not in self.ids and not lendable(value):
+            raise PermissionError(f"a {type(value).__name__} of the judge's cannot be lent")
+        return super().handle(value)
+
+    def kind(self, value) -> list:
+        import sqlite_utils
+
+        if isinstance(value, sqlite3.Connection):
+            self.box.lent.add(value)
+            return ["conn"]
+        if isinstance(value, sqlite_utils.Database):
+            return ["db", self.handle(value.conn)[1]]
+        kind = type(value)
+        methods = None if kind in self.told else _methods(kind)  # once per class and process
+        self.told.add(kind)
+        return ["object", kind.__module__, kind.__qualname__, methods]
+
+    def find(self, name: str):
+        """The handle of the notebook's function ``name`` in this process (None: no such one)."""
+        self.channel.send({"op": "answer", "name": name})
+        found = self.wait().get("value")
+        return found[1] if isinstance(found, list) and found[0] == "H" else None
+
+
+class Workers:
+    """The processes of one schedule, each forked when its worker first calls the answer."""
+
+    def __init__(self, box, name: str, seed: int | None) -> None:
+        self.box, self.name, self.luck = box, name, seed
+        self.processes: list[Process] = []  # the live ones
+        self.started = 0
+        self.of_key: dict = {}  # a worker's connections (or, with none, its nesting) -> process
+        self.running: list[Process] = []  # the processes with a call in flight, outermost first
+
+    def seed(self, number: int):
+        """The ``random`` seed of the schedule's ``number``-th process."""
+        return self.luck if number == 0 or self.luck is None else f"{self.luck}/{number}"
+
+    def start(self) -> Process | None:
+        """A new process, if the notebook defines the answer's function (else None)."""
+        process = Process(self, self.started)
+        self.started += 1
+        self.processes.append(process)
+        process.function = process.find(self.name)
+        return process if process.function is not None else None
+
+    def of(self, args: list) -> Process:
+        """The process of the worker whose call is given ``args``."""
+        key = _connections(args) or ("none", len(self.running))
+        if key not in self.of_key:
+            unused = [p for p in self.processes if p not in self.of_key.values()]
+            process = unused[0] if unused else self.start()
+            if process is None:
+                raise Refused(f"the notebook's process lost its function {self.name!r}")
+            process.conns = key if isinstance(key, frozenset) else frozenset()
+            self.of_key[key] = process
+        return self.of_key[key]
+
+    def kill(self, process: Process) -> None:
+        """Kill ``process`` for real; a later call of its worker gets a fresh one."""
+        self.of_key = {k: p for k, p in self.of_key.items() if p is not process}
+        self.processes.remove(process)
+        self.box.kill(process.number)
+        process.socket.close()
+
+    def close(self) -> None:
+        for process in self.processes:
+            process.socket.close()
+
+
+def _connections(values: list) -> frozenset:
+    """The connections in ``values``, or held by one of them (``.conn``, or an attribute's)."""
+    found = set()
+    for value in values:
+        if isinstance(value, wire.Remote):
+            continue
+        for v in (value, *getattr(value, "__dict__", {}).values()):
+            v = v if isinstance(v, sqlite3.Connection) else getattr(v, "conn", None)
+            if isinstance(v, sqlite3.Connection):
+                found.add(id(v))
+    return frozenset(found)
+
+
+def _a(kind: type) -> str:
+    """A type in words: "a dict", "an int", "None"."""
+    name = kind.__name__
+    return "None" if kind is type(None) else ("an " if name[0] in "aeiou" else "a ") + name
+
+
+@functools.cache
+def _methods(kind: type) -> list[str]:
+    """The public methods of a class: a proxy calls them in one request, not two."""
+    found = {n: getattr(kind, n, None) for n in dir(kind) if not n.startswith("_")}
+    return [n for n, v in found.items() if callable(v) and not isinstance(v, type)]
+
+
+class RemoteAnswer:
+    """The answer, as the trial calls it: each call is a request to the process of the worker
+    that makes it, whose result must be plain values of the task's declared types."""
+
+    def __init__(self, workers: Workers, name: str, returns: tuple) -> None:
+        self.workers, self.__name__, self.returns = workers, name, returns
+
+    def __call__(self, *args, **kwargs):
+        workers = self.workers
+        process = workers.of([*args, *kwargs.values()])
+        workers.running.append(process)
+        try:
+            data = process.request(process.function, "call", list(args), kwargs, raw=True)
+        except Dead:
+            workers.kill(process)
+            raise Killed(f"the process of {self.__name__}'s call was killed") from None
+        except (Exception, Refused):  # the answer's exception, rebuilt as a class we know
+            raise
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt: not the judge's to obey
+            raise Refused(f"the answer raised {type(exc).__name__}: {exc}") from None
+        finally:
+            workers.running.pop()
+        try:
+            value = wire.decode(data, functools.partial(_ours, process))
+        except wire.NotCrossable as exc:
+            raise Refused(f"the answer returned {exc}: only plain values cross") from None
+        if self.returns and type(value) not in self.returns:
+            names = " or ".join(map(_a, self.returns))
+            raise Refused(f"the answer returns {names}; it returned {_a(type(value))}")
+        return value
+
+
+def _ours(process: Process, tagged):
+    if tagged[0] != "Y":
+        raise wire.NotCrossable("an object of its own")
+    return process.resolve(tagged)

@@ -1,0 +1,206 @@
+"""Two workers are two processes, and a crash is a real kill (issue 22).
+
+A schedule's workers (A, its rival B, a successor) each run in a process of their own, forked
+from the notebook's state after its cells ran: they share the database and nothing else. A
+worker that dies at a statement is killed (SIGKILL): its call never returns, and the successor
+starts from the notebook's state, not from what the dead one remembered. The probes below are
+an answer's functions in a real :class:`judge.Sandbox`; the judge's side is what a trial does.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import random
+
+import pytest
+from answers import judged
+from prerequisites import require_sandbox
+
+import corpus_part2
+from labkit.grading import judge, lab
+
+PROBE = """
+import os
+calls, me = [], []  # what this process remembers: the calls it served, a name it drew
+
+def who(conn, tag=""):
+    me[:] = me or [os.urandom(8).hex()]   # drawn in this process (the cells drew none)
+    calls.append(tag)
+    conn.execute("SELECT 1").fetchall()   # B may come here, before the 2nd statement
+    conn.execute("SELECT 2").fetchall()
+    return [me[0], list(calls)]
+
+def signs(conn):
+    \"\"\"What a schedule could be counted or told apart by: the pid, the parent's, what the
+    earlier schedules left in /tmp and /dev/shm, the processes /proc shows.\"\"\"
+    seen = {"pid": os.getpid(), "ppid": os.getppid(), "tmp": sorted(os.listdir("/tmp"))}
+    seen["proc"] = sorted(os.listdir("/proc")) if os.path.isdir("/proc") else None
+    seen["shm"] = sorted(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else None
+    with open(f"/tmp/mark-{os.urandom(4).hex()}", "w") as f:   # /tmp can be written
+        f.write(str(calls))
+    calls.append("signs")
+    return [seen, list(calls)]
+
+def crash(conn, effect):
+    calls.append("crash")
+    try:
+        conn.execute("SELECT 'DIE'").fetchall()
+    except Exception:            # an answer that means to outlive its own death
+        pass
+    effect()                     # a judge's object (an RNG draw), reached after the crash
+    return "survived"
+"""
+
+
+@pytest.fixture
+def box():
+    require_sandbox()
+    with judge.Sandbox(timeout=10) as box:
+        assert box.cell(PROBE, 0) is None
+        yield box
+
+
+def test_each_worker_is_a_process_of_its_own_and_keeps_its_own_memory(box):
+    """The same connection goes back to the same process, with what it remembers; another
+    connection is another worker: another process, which saw none of the first one's calls."""
+    with lab.scratch() as tmp, box.answer("who", ()) as who:
+        a, b = tmp.open().conn, tmp.open().conn
+        first, rival, again = who(a, "A1"), who(b, "B1"), who(a, "A2")
+    assert first[0] == again[0] != rival[0]
+    assert again[1] == ["A1", "A2"] and rival[1] == ["B1"]
+
+
+def test_a_rival_that_comes_in_the_middle_of_a_call_runs_in_another_process(box):
+    """B, called by the trial just before A's 2nd statement (as every race here is), does not
+    run nested inside A's process: it cannot tell that A is in the middle of a call."""
+    with lab.scratch() as tmp, box.answer("who", ()) as who:
+        a, b = tmp.open(), tmp.open()
+        tracer = lab.Tracer(a)
+        tracer.before(2, lambda: who(b.conn, "B"))
+        outer = who(a.conn, "A")
+    inner = tracer.result
+    assert inner is not None, "the rival never came"
+    assert inner[0] != outer[0]
+    assert inner[1] == ["B"] and outer[1] == ["A"]  # neither saw the other's call
+
+
+def test_no_schedule_and_no_worker_can_be_told_apart_from_inside(box):
+    """Every worker of every schedule is pid 1 of its own numbering, with a /tmp of its own
+    (what the cells left there, and nothing an earlier schedule wrote), an empty /proc and
+    /dev/shm: what one process sees of itself, the next sees the same."""
+    seen = []
+    for _ in range(3):  # three schedules, two workers each
+        with lab.scratch() as tmp, box.answer("signs", ()) as signs:
+            seen += [signs(tmp.open().conn), signs(tmp.open().conn)]
+    assert all(s == seen[0] for s in seen), seen
+    assert seen[0][1] == ["signs"] and seen[0][0]["tmp"] == [".labkit"]
+
+
+def test_a_crash_kills_the_process_and_the_successor_remembers_nothing(box):
+    """A worker that dies at a statement gets no reply, no more requests served (the judge's
+    object it calls after catching the error is never reached), and its call raises Killed in
+    the trial. The successor, on a connection of its own, starts from the notebook's state."""
+    effect = random.Random(1)
+    with lab.scratch() as tmp, box.answer("crash", ()) as crash:
+        dying = tmp.open()
+        with lab.process(dying, lambda sql: "DIE" in sql) as fate:
+            with pytest.raises(judge.Killed):
+                crash(dying.conn, effect.random)
+        assert fate["dead"]
+    assert effect.getstate() == random.Random(1).getstate()  # never drawn from: it was dead
+    with lab.scratch() as tmp, box.answer("who", ()) as who:
+        successor = who(tmp.open().conn, "next")
+    assert successor[1] == ["next"]  # not ["crash", "next"]: the crash's memory is gone
+
+
+def test_after_a_kill_the_schedule_goes_on_with_fresh_processes(box):
+    """The kill does not stall the schedule or break the sandbox: the dead worker's connection,
+    called again, gets a fresh process (which dies at the same statement again), and another
+    worker's call on the same schedule is served."""
+    with lab.scratch() as tmp, box.answer("crash", ()) as crash:
+        dying, other = tmp.open(), tmp.open()
+        with lab.process(dying, lambda sql: "DIE" in sql):
+            for _ in range(2):
+                with pytest.raises(judge.Killed):
+                    crash(dying.conn, random.Random(2).random)
+        assert crash(other.conn, random.Random(2).random) == "survived"  # nobody dies here
+    assert not box.broken
+
+
+# ------------------------------------------------------------------ graded: memory across a crash
+
+REMEMBER_UNITS = """
+_issued_here = set()    # in this process's memory: the units it issued
+_bare = {name}
+def {name}(claims, claim, units, issue_invoice, **kw):
+    def once(tx, unit, amount):
+        if unit in _issued_here:   # "I issued it before I crashed": skip it
+            return None
+        _issued_here.add(unit)
+        return issue_invoice(tx, unit, amount)
+    return _bare(claims, claim, units, once, **kw)
+"""
+REMEMBER_SENDS = """
+_tried_here = set()     # in this process's memory: the emails it tried to send
+_bare = {name}
+class _Remembered:
+    id = "remembered"
+class _Once:
+    def __init__(self, mail):
+        self.mail = mail
+    def send(self, *args, **kw):
+        mark = repr((args, sorted((k, v) for k, v in kw.items() if k != "idempotency_key")))
+        if mark in _tried_here:     # "I sent it before I crashed": do not send it again
+            return _Remembered()
+        _tried_here.add(mark)
+        return self.mail.send(*args, **kw)
+    def __getattr__(self, name):
+        return getattr(self.mail, name)
+def {name}(db, mail):
+    return _bare(db, _Once(mail))
+"""
+OUTLIVE = """
+_bare = {name}
+def {name}(*args, **kwargs):
+    for attempt in range(3):      # whatever stops me, including my death, try again
+        try:
+            return _bare(*args, **kwargs)
+        except BaseException:
+            pass
+"""
+CRASHING = {"07.2": REMEMBER_UNITS, "08.1": REMEMBER_SENDS}  # the tasks whose workers crash
+WRAPPERS = {"remembers across its crash": None, "outlives its own death": OUTLIVE}
+
+
+def _sources(task: str) -> tuple:
+    entry, out = corpus_part2.CORPUS[task], {}
+    for label, (bare, *_) in entry["wrong"].items():
+        out[f"{label}/bare"] = bare
+        for how, wrapper in WRAPPERS.items():
+            out[f"{label}/{how}"] = bare + (wrapper or CRASHING[task]).replace("{name}", entry["name"])
+    return task, entry["name"], out
+
+
+@pytest.fixture(scope="module")
+def crashed():
+    """Every wrong answer of the crashing tasks, bare and wrapped, judged in one run's seed."""
+    require_sandbox()
+    jobs = [_sources(task) for task in CRASHING]
+    fork = multiprocessing.get_context("fork")
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=fork) as pool:
+        return dict(zip(CRASHING, pool.map(judged, *zip(*jobs))))
+
+
+@pytest.mark.parametrize("task", sorted(CRASHING))
+@pytest.mark.parametrize("how", sorted(WRAPPERS))
+def test_what_a_crashed_worker_remembered_gains_a_wrong_answer_nothing(crashed, task, how):
+    """A successor is a fresh process: an answer that remembers what it did before its crash
+    (and skips it), or that catches its own death and carries on, scores no more than bare.
+    (With the successor in the dead worker's process, remembering gained 07.2's "checkpoint
+    after every unit, in its own transaction first" 1.4 points: 5.7 bare, 7.1 wrapped.)"""
+    reports = crashed[task]
+    for label in corpus_part2.CORPUS[task]["wrong"]:
+        bare, wrapped = reports[f"{label}/bare"], reports[f"{label}/{how}"]
+        assert bare.problem is None, bare.text()
+        assert wrapped.total()[0] <= bare.total()[0], f"{label}, {how}:\n{wrapped.text()}"
