@@ -67,6 +67,7 @@ class _Worker(Peer):
 
     def main(self) -> None:
         door, workers = socket.socket(fileno=5), {}  # the schedule's processes, by number
+        self.alone = _isolation_works()
         while True:
             message = self.channel.recv()
             op = message["op"]
@@ -97,7 +98,7 @@ class _Worker(Peer):
         try:
             for mine in (3, 4, 5):
                 os.close(mine)
-            if _alone():  # this process is the new numbering's parent: it lives as long as its
+            if self.alone and _alone():  # the new numbering's parent: it lives as long as its
                 inner = os.fork()  # child (pid 1), which dies with it (the judge's kill)
                 if inner:
                     os.close(fd)
@@ -120,7 +121,7 @@ class _Worker(Peer):
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID = 0x20000, 0x10000000, 0x20000000
-PR_SET_PDEATHSIG, PR_CAPBSET_DROP = 1, 24
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, MS_BIND_REC = 1, 24, 4096 | 16384
 
 
 def _alone() -> bool:
@@ -139,14 +140,58 @@ def _alone() -> bool:
     ):
         with open(f"/proc/self/{name}", "w") as f:
             f.write(line)
-    kept, size = os.open("/tmp", os.O_RDONLY | os.O_DIRECTORY), os.statvfs("/tmp")
-    _mount("/tmp", f"size={size.f_blocks * size.f_frsize},mode=1777")
-    shutil.copytree(f"/proc/self/fd/{kept}", "/tmp", symlinks=True, dirs_exist_ok=True)
-    os.close(kept)
+    _own_tmp()
     for place in ("/proc", "/dev/shm"):
         if os.path.isdir(place):
             _mount(place, "size=4k,mode=555")
     return True
+
+
+def _own_tmp() -> None:
+    """A fresh /tmp with what the cells left there, and the sandbox's read-only places under
+    /tmp (a checkout kept there) bound again as they were."""
+    kept, size = os.open("/tmp", os.O_RDONLY | os.O_DIRECTORY), os.statvfs("/tmp")
+    old = f"/proc/self/fd/{kept}"
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4] for line in f]
+    bound = {p.split("/")[2] for p in points if p.startswith("/tmp/")}
+    _mount("/tmp", f"size={size.f_blocks * size.f_frsize},mode=1777")
+    skip = lambda folder, _: bound if folder == old else ()  # noqa: E731
+    shutil.copytree(old, "/tmp", symlinks=True, dirs_exist_ok=True, ignore=skip)
+    for name in bound:
+        if os.path.isdir(f"{old}/{name}"):
+            os.mkdir(f"/tmp/{name}")
+        else:
+            open(f"/tmp/{name}", "x").close()
+        if _LIBC.mount(f"{old}/{name}".encode(), f"/tmp/{name}".encode(), None, MS_BIND_REC, None):
+            raise OSError(ctypes.get_errno(), f"bind /tmp/{name} again")
+    os.close(kept)
+
+
+def _isolation_works() -> bool:
+    """Whether a worker's process can have a world of its own here, tried once in a throwaway
+    child before any cell runs. Where the kernel grants user namespaces but not their mounts
+    (some distributions' AppArmor), workers are plain forked processes instead."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            works = _alone() and os.waitpid(_fork(_powerless), 0)[1] == 0
+        except BaseException:  # noqa: BLE001 -- any failure means: not here
+            works = False
+        os._exit(0 if works else 1)
+    return os.waitpid(pid, 0)[1] == 0
+
+
+def _fork(then) -> int:
+    """Fork a child that runs ``then()`` and exits (0 unless it raised)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            then()
+        except BaseException:  # noqa: BLE001 -- the exit status says it
+            os._exit(1)
+        os._exit(0)
+    return pid
 
 
 def _powerless() -> None:
