@@ -69,6 +69,12 @@ def _argv(tool: str, hide, uid: int | None = None) -> list[str]:
             argv += ["--symlink", os.readlink(f"/{name}"), f"/{name}"]
         elif os.path.isdir(f"/{name}"):
             argv += ["--ro-bind", f"/{name}", f"/{name}"]
+    argv += [
+        "--perms",
+        "0755",
+        "--dir",
+        "/etc",
+    ]  # bwrap would make it 0700: the worker's uid reads it
     for name in ETC:
         argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     argv += ["--dev", "/dev", "--proc", "/proc", "--size", str(TMP_BYTES)]
