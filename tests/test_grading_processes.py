@@ -31,6 +31,34 @@ def who(conn, tag=""):
     conn.execute("SELECT 2").fetchall()
     return [me[0], list(calls)]
 
+def shared(conn):
+    # what the cells left that could join two workers: a pipe, shared memory, the root's
+    # frames and objects (the fork message, the workers' pids, the seed)
+    import gc, sys
+    out = {}
+    try:
+        os.write(PIPE[1], b"x")
+        out["pipe"] = len(os.read(PIPE[0], 100))
+    except OSError as exc:
+        out["pipe"] = type(exc).__name__
+    MEMORY[0] = (MEMORY[0] + 1) % 256    # a shared counter, if shared
+    out["memory"] = MEMORY[0]
+    frames, frame = [], sys._getframe()
+    while frame:
+        frames.append(frame.f_code.co_name)
+        frame = frame.f_back
+    out["frames"] = frames[1:]
+    out["root"] = sorted({k for o in gc.get_objects() if isinstance(o, dict) and "op" in o
+                          for k in o if k in ("worker", "seed", "op")})
+    try:
+        with open(f"/tmp/.labkit/mark-{os.urandom(4).hex()}", "w"):
+            pass
+    except OSError:
+        pass
+    marks = [n for n in os.listdir("/tmp/.labkit") if n.startswith("mark-")]
+    out["marks"] = len(marks)             # its own, if it could write one: never an earlier one's
+    return out
+
 def signs(conn):
     \"\"\"What a schedule could be counted or told apart by: the pid, the parent's, what the
     earlier schedules left in /tmp and /dev/shm, the processes /proc shows.\"\"\"
@@ -42,14 +70,20 @@ def signs(conn):
     calls.append("signs")
     return [seen, list(calls)]
 
-def crash(conn, effect):
+def crash(conn, effect, die=True):
     calls.append("crash")
     try:
-        conn.execute("SELECT 'DIE'").fetchall()
+        conn.execute("SELECT 'DIE'" if die else "SELECT 1").fetchall()
     except Exception:            # an answer that means to outlive its own death
         pass
     effect()                     # a judge's object (an RNG draw), reached after the crash
-    return "survived"
+    return list(calls)           # what this process remembers
+"""
+
+
+LEFT_OPEN = """
+import mmap, os
+PIPE, MEMORY = os.pipe(), mmap.mmap(-1, 4096)   # left open and mapped by a cell
 """
 
 
@@ -57,7 +91,8 @@ def crash(conn, effect):
 def box():
     require_sandbox()
     with judge.Sandbox(timeout=10) as box:
-        assert box.cell(PROBE, 0) is None
+        assert box.cell(LEFT_OPEN, 0) is None
+        assert box.cell(PROBE, 1) is None
         yield box
 
 
@@ -98,10 +133,24 @@ def test_no_schedule_and_no_worker_can_be_told_apart_from_inside(box):
     assert seen[0][1] == ["signs"] and not marks and ".labkit" in seen[0][0]["tmp"]
 
 
+def test_nothing_the_cells_left_joins_two_workers(box):
+    """A pipe the cells opened, memory they mapped shared, the root's own frames and messages:
+    none reaches a worker, so A, B and a successor see the same, schedule after schedule."""
+    seen = []
+    for _ in range(2):
+        with lab.scratch() as tmp, box.answer("shared", ()) as shared:
+            seen += [shared(tmp.open().conn), shared(tmp.open().conn)]
+    assert all(s == seen[0] for s in seen), seen
+    assert seen[0]["pipe"] == "OSError" and seen[0]["memory"] == 1  # closed; its own copy
+    assert "worker" not in seen[0]["root"] and "seed" not in seen[0]["root"]
+    assert "main" not in seen[0]["frames"] and seen[0]["marks"] <= 1
+
+
 def test_a_crash_kills_the_process_and_the_successor_remembers_nothing(box):
     """A worker that dies at a statement gets no reply, no more requests served (the judge's
     object it calls after catching the error is never reached), and its call raises Killed in
-    the trial. The successor, on a connection of its own, starts from the notebook's state."""
+    the trial. The successor, in the same schedule on a connection of its own, starts from the
+    notebook's state: it remembers its own call only, not the dead one's."""
     effect = random.Random(1)
     with lab.scratch() as tmp, box.answer("crash", ()) as crash:
         dying = tmp.open()
@@ -109,10 +158,9 @@ def test_a_crash_kills_the_process_and_the_successor_remembers_nothing(box):
             with pytest.raises(judge.Killed):
                 crash(dying.conn, effect.random)
         assert fate["dead"]
-    assert effect.getstate() == random.Random(1).getstate()  # never drawn from: it was dead
-    with lab.scratch() as tmp, box.answer("who", ()) as who:
-        successor = who(tmp.open().conn, "next")
-    assert successor[1] == ["next"]  # not ["crash", "next"]: the crash's memory is gone
+        assert effect.getstate() == random.Random(1).getstate()  # never drawn: it was dead
+        successor = crash(tmp.open().conn, effect.random, False)
+    assert successor == ["crash"]  # not ["crash", "crash"]: the dead one's memory is gone
 
 
 def test_after_a_kill_the_schedule_goes_on_with_fresh_processes(box):
@@ -125,7 +173,7 @@ def test_after_a_kill_the_schedule_goes_on_with_fresh_processes(box):
             for _ in range(2):
                 with pytest.raises(judge.Killed):
                     crash(dying.conn, random.Random(2).random)
-        assert crash(other.conn, random.Random(2).random) == "survived"  # nobody dies here
+        assert crash(other.conn, random.Random(2).random) == ["crash"]  # nobody dies here
     assert not box.broken
 
 

@@ -156,7 +156,8 @@ def test_an_answer_cannot_connect_to_a_socket_on_loopback(box):
         server.bind(("127.0.0.1", 0))
         server.listen()
         port = server.getsockname()[1]
-        assert _call(box, "connect", port) == "ConnectionRefusedError"
+        # refused, or (a network namespace of its own, its loopback down) unreachable
+        assert _call(box, "connect", port) in ("ConnectionRefusedError", "OSError")
         socket.create_connection(("127.0.0.1", port), timeout=3).close()  # the judge's own: fine
 
 

@@ -4,9 +4,10 @@ A trial calls the answer as one function (:class:`RemoteAnswer`); each call goes
 process of the worker that makes it. A worker is known by the connections its call is given,
 directly or as an attribute of an object it is given (a ``Claims`` holds its database): the
 first call on a connection forks a process from the notebook's state (:class:`Workers`), and
-later calls on it go back there. A call given no connection goes to the first process, or,
-made while another call is running (a rival), to a process of its own. The processes share
-nothing but the database: B cannot see that A is in the middle of a call.
+later calls on it go back there. A call given no connection goes to a process of its own
+for its depth (the outermost calls share one; a rival, made while another call is running,
+gets another). The processes share nothing but the database (:mod:`labkit.grading.alone`):
+B cannot see that A is in the middle of a call.
 
 When a worker dies at a statement (:func:`labkit.grading.lab.process`), the judge kills its
 process for real (SIGKILL) and the trial's call raises :class:`Killed`. What the process held
@@ -45,16 +46,11 @@ class Process(wire.Peer):
         theirs.close()
         super().__init__(wire.Channel(self.socket.fileno(), self.socket.fileno()))
         self.box, self.number, self.told, self.function = workers.box, number, set(), None
+        self.unexpected, self.allow = self.box.unexpected, self.box.allow  # the sandbox's rules
         self.conns: frozenset = frozenset()  # id() of the connections its worker is known by
 
     def wait(self) -> dict:
         return self.box.wait(self.channel)
-
-    def unexpected(self, message: dict) -> None:
-        self.box.unexpected(message)
-
-    def allow(self, target, what: str, args: list) -> None:
-        self.box.allow(target, what, args)
 
     def perform(self, target, what: str, args: list):
         """Do the request; Dead if the worker died meanwhile (at a statement of its own, or of
@@ -62,9 +58,8 @@ class Process(wire.Peer):
         try:
             done = self.box.perform(target, what, args)
         except Exception:
-            if self.died():
-                raise Dead from None
-            raise
+            if not self.died():
+                raise
         if self.died():
             raise Dead
         return done
@@ -104,7 +99,7 @@ class Workers:
 
     def __init__(self, box, name: str, seed: int | None) -> None:
         self.box, self.name, self.luck = box, name, seed
-        self.processes: list[Process] = []  # the live ones
+        self.processes: list[Process] = []  # the live ones (``started`` counts them all)
         self.started = 0
         self.of_key: dict = {}  # a worker's connections (or, with none, its nesting) -> process
         self.running: list[Process] = []  # the processes with a call in flight, outermost first
@@ -134,11 +129,14 @@ class Workers:
         return self.of_key[key]
 
     def kill(self, process: Process) -> None:
-        """Kill ``process`` for real; a later call of its worker gets a fresh one."""
-        self.of_key = {k: p for k, p in self.of_key.items() if p is not process}
-        self.processes.remove(process)
-        self.box.kill(process.number)
-        process.socket.close()
+        """Kill ``process`` for real (once); a later call of its worker gets a fresh one, and a
+        proxy of its objects speaks to no one (not on a reused descriptor's new process)."""
+        if process in self.processes:
+            self.of_key = {k: p for k, p in self.of_key.items() if p is not process}
+            self.processes.remove(process)
+            process.channel = wire.Channel(-1, -1)
+            self.box.kill(process.number)
+            process.socket.close()
 
     def close(self) -> None:
         for process in self.processes:
@@ -152,6 +150,8 @@ def _connections(values: list) -> frozenset:
         if isinstance(value, wire.Remote):
             continue
         for v in (value, *getattr(value, "__dict__", {}).values()):
+            if isinstance(v, wire.Remote):  # an answer's object: never asked, while routing
+                continue
             v = v if isinstance(v, sqlite3.Connection) else getattr(v, "conn", None)
             if isinstance(v, sqlite3.Connection):
                 found.add(id(v))

@@ -4,7 +4,8 @@ The judge (:mod:`labkit.grading.judge`) starts ``python worker.py`` inside bubbl
 to it over fds 3 (in) and 4 (out) with :mod:`labkit.grading.wire`. The worker runs the
 notebook's cells. Then, for each worker of a schedule (A, its rival B, a successor), it forks
 a process of its own from the notebook's state: the judge passes that process's channel (one
-end of a socket pair) over fd 5, and the process closes fds 3-5, so it speaks only on its own
+end of a socket pair) over fd 5. That process keeps no other descriptor and no shared memory,
+and has namespaces of its own (:mod:`labkit.grading.alone`), so it speaks only on its own
 channel and shares nothing with the others but the database. A crash is a real SIGKILL.
 Every object the judge hands the answer stays in the judge: the answer gets a proxy, and each
 use of it (an SQL statement, a clock read, a callback, an RNG draw) is a request.
@@ -12,20 +13,18 @@ use of it (an SQL statement, a clock read, a callback, an RNG draw) is a request
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import random
-import shutil
-import signal
 import socket
 import sqlite3
 import sys
 
 if __package__:
+    from labkit.grading import alone
     from labkit.grading.wire import Channel, Peer, Remote, describe, find_class
-else:  # run as a script in the sandbox, beside wire.py
+else:  # run as a script in the sandbox, beside wire.py and alone.py
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import alone
     import wire
     from wire import Channel, Peer, Remote, describe, find_class
 
@@ -66,8 +65,9 @@ class _Worker(Peer):
         return None
 
     def main(self) -> None:
-        door, workers = socket.socket(fileno=5), {}  # the schedule's processes, by number
-        self.alone = _isolation_works()
+        # what forks and kills the workers, taken before any cell runs (a cell may rebind names)
+        door, workers, fork, kill = socket.socket(fileno=5), {}, os.fork, alone.kill
+        self.alone = alone.works()
         while True:
             message = self.channel.recv()
             op = message["op"]
@@ -76,37 +76,36 @@ class _Worker(Peer):
                 self.channel.send({"op": "ran", "error": error})
             elif op == "fork":
                 _, (fd,), _, _ = socket.recv_fds(door, 1, 1)
-                workers[message["worker"]] = self.fork(fd, message.get("seed"))
+                pid = fork()
+                if pid == 0:  # out of these frames: nothing of the root's is left to read
+                    raise _Child(fd, message.get("seed"))
+                os.close(fd)  # a later worker must not inherit this one's channel
+                workers[message["worker"]] = pid
             elif op == "kill":  # a crash: the process dies at once, whatever it was doing
-                _kill(workers.pop(message["worker"]))
+                if pid := workers.pop(message["worker"], None):  # once, if ever
+                    kill(pid)
                 self.channel.send({"op": "killed"})
             elif op == "end":  # the schedule is over: its processes go
                 for pid in workers.values():
-                    _kill(pid)
+                    kill(pid)
                 workers.clear()
                 self.channel.send({"op": "done"})
             elif op == "quit":
                 return
 
-    def fork(self, fd: int, seed) -> int:
-        """A process for one worker of a schedule, speaking on ``fd`` only, its ``random``
-        seeded with ``seed`` (the schedule's and the worker's)."""
-        pid = os.fork()
-        if pid:
-            os.close(fd)  # a later worker must not inherit this one's channel
-            return pid
+    def child(self, fd: int, seed) -> None:
+        """Serve the judge as one worker of a schedule, on ``fd`` only, in a world of its own
+        (:mod:`labkit.grading.alone`), its ``random`` seeded with ``seed``."""
         try:
-            for mine in (3, 4, 5):
-                os.close(mine)
-            if self.alone and _alone():  # the new numbering's parent: it lives as long as its
-                inner = os.fork()  # child (pid 1), which dies with it (the judge's kill)
-                if inner:
-                    os.close(fd)
+            alone.keep_only(fd)
+            alone.private_memory()
+            if self.alone and alone.alone():  # the new numbering's parent: it lives as long
+                if inner := os.fork():  # as its child (pid 1), which dies with it (the kill)
                     os.waitpid(inner, 0)
                     os._exit(0)
-                _LIBC.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
-                _powerless()
+                alone.powerless()
             random.seed(seed)
+            del seed
             self.channel = Channel(fd, fd)
             while (message := self.channel.recv())["op"] in ("answer", "req"):
                 if message["op"] == "req":
@@ -119,102 +118,8 @@ class _Worker(Peer):
             os._exit(0)
 
 
-_LIBC = ctypes.CDLL(None, use_errno=True)
-CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID = 0x20000, 0x10000000, 0x20000000
-PR_SET_PDEATHSIG, PR_CAPBSET_DROP, MS_BIND_REC = 1, 24, 4096 | 16384
-
-
-def _alone() -> bool:
-    """Give this worker's process a world of its own, so that no schedule can be counted or told
-    apart from inside: user, pid and mount namespaces (its child is pid 1 in its own numbering),
-    a fresh /tmp holding what the cells left there, and nothing in /proc or /dev/shm. False
-    where no user namespace can be had (as root: mapping uid 0 takes a capability the sandbox
-    dropped). Hand-written on ctypes: Python 3.11 has no os.unshare and no mount."""
-    uid, gid = os.geteuid(), os.getegid()
-    if uid == 0 or _LIBC.unshare(CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS) != 0:
-        return False
-    for name, line in (
-        ("setgroups", "deny"),
-        ("uid_map", f"{uid} {uid} 1"),
-        ("gid_map", f"{gid} {gid} 1"),
-    ):
-        with open(f"/proc/self/{name}", "w") as f:
-            f.write(line)
-    _own_tmp()
-    for place in ("/proc", "/dev/shm"):
-        if os.path.isdir(place):
-            _mount(place, "size=4k,mode=555")
-    return True
-
-
-def _own_tmp() -> None:
-    """A fresh /tmp with what the cells left there, and the sandbox's read-only places under
-    /tmp (a checkout kept there) bound again as they were."""
-    kept, size = os.open("/tmp", os.O_RDONLY | os.O_DIRECTORY), os.statvfs("/tmp")
-    old = f"/proc/self/fd/{kept}"
-    with open("/proc/self/mountinfo") as f:
-        points = [line.split()[4] for line in f]
-    bound = {p.split("/")[2] for p in points if p.startswith("/tmp/")}
-    _mount("/tmp", f"size={size.f_blocks * size.f_frsize},mode=1777")
-    skip = lambda folder, _: bound if folder == old else ()  # noqa: E731
-    shutil.copytree(old, "/tmp", symlinks=True, dirs_exist_ok=True, ignore=skip)
-    for name in bound:
-        if os.path.isdir(f"{old}/{name}"):
-            os.mkdir(f"/tmp/{name}")
-        else:
-            open(f"/tmp/{name}", "x").close()
-        if _LIBC.mount(f"{old}/{name}".encode(), f"/tmp/{name}".encode(), None, MS_BIND_REC, None):
-            raise OSError(ctypes.get_errno(), f"bind /tmp/{name} again")
-    os.close(kept)
-
-
-def _isolation_works() -> bool:
-    """Whether a worker's process can have a world of its own here, tried once in a throwaway
-    child before any cell runs. Where the kernel grants user namespaces but not their mounts
-    (some distributions' AppArmor), workers are plain forked processes instead."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            works = _alone() and os.waitpid(_fork(_powerless), 0)[1] == 0
-        except BaseException:  # noqa: BLE001 -- any failure means: not here
-            works = False
-        os._exit(0 if works else 1)
-    return os.waitpid(pid, 0)[1] == 0
-
-
-def _fork(then) -> int:
-    """Fork a child that runs ``then()`` and exits (0 unless it raised)."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            then()
-        except BaseException:  # noqa: BLE001 -- the exit status says it
-            os._exit(1)
-        os._exit(0)
-    return pid
-
-
-def _powerless() -> None:
-    """Drop every capability the new user namespace gave (the bounding set too), so that the
-    answer cannot undo its world: no unmounting /tmp or /proc's cover, no mounts of its own."""
-    for cap in range(64):
-        if _LIBC.prctl(PR_CAPBSET_DROP, cap) != 0:
-            break  # past the last capability this kernel knows
-    header, nothing = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()
-    if _LIBC.capset(header, nothing) != 0:
-        raise OSError(ctypes.get_errno(), "drop the capabilities")
-
-
-def _mount(place: str, options: str) -> None:
-    if _LIBC.mount(b"tmpfs", place.encode(), b"tmpfs", 0, options.encode()) != 0:
-        raise OSError(ctypes.get_errno(), f"mount a tmpfs on {place}")
-
-
-def _kill(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, 0)
+class _Child(BaseException):
+    """Raised in a worker's new process, to leave the root's frames before it serves."""
 
 
 class ProxyConnection(sqlite3.Connection):
@@ -343,4 +248,10 @@ if __name__ == "__main__":
     else:
         ensure_plugins_loaded()
 
-    _Worker(Channel(3, 4)).main()
+    worker = _Worker(Channel(3, 4))
+    try:
+        worker.main()
+    except _Child as child:
+        fd, seed = child.args
+        del child
+        worker.child(fd, seed)

@@ -1,0 +1,137 @@
+"""A worker's world of its own: what each of a schedule's processes is given in the sandbox.
+
+:mod:`labkit.grading.worker` forks a process per worker of a schedule from the notebook's
+state. Before it serves the judge, that process keeps only its own channel (every other file
+descriptor the cells opened is closed), turns every shared writable mapping into a private
+copy, and enters user, pid, mount, IPC and network namespaces of its own: its child is pid 1
+of a numbering of its own, with a fresh /tmp (what the cells left there, and the sandbox's
+read-only places bound again), an empty /proc and /dev/shm, and no capability. So no two
+workers share anything but the database, and no schedule can be counted from inside.
+
+Hand-written on ctypes: Python 3.11 has no ``os.unshare`` and no mount, and no library for
+them would be in the sandbox. Like :mod:`labkit.grading.wire`, this module imports nothing of
+labkit's: the sandbox sees it and no check.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import stat
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+LIBC.mmap.restype, LIBC.mmap.argtypes = (
+    ctypes.c_void_p,
+    [ctypes.c_void_p, ctypes.c_size_t] + [ctypes.c_int] * 3 + [ctypes.c_long],
+)
+NAMESPACES = 0x20000 | 0x10000000 | 0x20000000 | 0x8000000 | 0x40000000  # mount user pid ipc net
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, MS_BIND_REC = 1, 24, 4096 | 16384
+PRIVATE_FIXED = 0x02 | 0x20 | 0x10  # MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED
+
+
+def kill(pid: int, *, _kill=os.kill, _wait=os.waitpid) -> None:
+    """SIGKILL ``pid`` and reap it (os's functions as they were before any cell ran)."""
+    try:
+        _kill(pid, signal.SIGKILL)
+        _wait(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+def keep_only(fd: int) -> None:
+    """Close every file descriptor but ``fd``: the root's channel and door, and whatever the
+    cells left open (a pipe, a socket, a file), which would join the workers."""
+    os.closerange(3, fd)  # 0-2 are /dev/null: the answer may print
+    os.closerange(fd + 1, os.sysconf("SC_OPEN_MAX"))
+
+
+def private_memory() -> None:
+    """Turn each shared writable mapping (``mmap``, ``multiprocessing.Value``, a WAL's -shm)
+    into a private copy with the same contents: no memory joins two workers."""
+    with open("/proc/self/maps") as f:
+        spans = [span for span, perms, *_ in map(str.split, f) if perms[1] + perms[3] == "ws"]
+    for span in spans:
+        start, end = (int(x, 16) for x in span.split("-"))
+        data = ctypes.string_at(start, end - start)
+        if LIBC.mmap(start, end - start, 3, PRIVATE_FIXED, -1, 0) != start:
+            raise OSError(ctypes.get_errno(), "make a shared mapping private")
+        ctypes.memmove(start, data, end - start)
+
+
+def alone() -> bool:
+    """Enter namespaces of its own, map its uid, and give it its /tmp, /proc and /dev/shm;
+    False where no user namespace can be had (as root: mapping uid 0 takes a capability the
+    sandbox dropped). Its next child is pid 1 of the new numbering."""
+    uid, gid = os.geteuid(), os.getegid()
+    if uid == 0 or LIBC.unshare(NAMESPACES) != 0:
+        return False
+    maps = (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1"))
+    for name, line in maps:
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(line)
+    _own_tmp()
+    for place in ("/proc", "/dev/shm"):
+        if os.path.isdir(place):
+            _mount(place, "size=4k,mode=555")
+    return True
+
+
+def _own_tmp() -> None:
+    """A fresh /tmp with what the cells left there (plain files, folders and links), and each
+    of the sandbox's read-only places under /tmp (a checkout kept there) bound again."""
+    kept, size = os.open("/tmp", os.O_RDONLY | os.O_DIRECTORY), os.statvfs("/tmp")
+    old = f"/proc/self/fd/{kept}"
+    with open("/proc/self/mountinfo") as f:
+        points = {line.split()[4] for line in f} - {"/tmp"}
+    under = sorted(p for p in points if p.startswith("/tmp/"))
+    bound = [p for p in under if not any(p.startswith(q + "/") for q in under)]
+
+    def skip(folder: str, names: list) -> list:
+        here = "/tmp" + folder[len(old) :]
+        kinds = {n: os.lstat(f"{folder}/{n}").st_mode for n in names}
+        plain = (stat.S_ISREG, stat.S_ISDIR, stat.S_ISLNK)
+        return [
+            n for n, m in kinds.items() if f"{here}/{n}" in points or not any(k(m) for k in plain)
+        ]
+
+    _mount("/tmp", f"size={size.f_blocks * size.f_frsize},mode=1777")
+    shutil.copytree(old, "/tmp", symlinks=True, dirs_exist_ok=True, ignore=skip)
+    for place in bound:
+        source = old + place[len("/tmp") :]
+        os.makedirs(os.path.dirname(place), exist_ok=True)
+        os.mkdir(place) if os.path.isdir(source) else open(place, "x").close()
+        if LIBC.mount(source.encode(), place.encode(), None, MS_BIND_REC, None) != 0:
+            raise OSError(ctypes.get_errno(), f"bind {place} again")
+    os.close(kept)
+
+
+def powerless() -> None:
+    """Drop every capability the new user namespace gave (the bounding set too), so that the
+    answer cannot undo its world: no unmounting /tmp or /proc's cover, no mounts of its own."""
+    LIBC.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))  # and it dies with its parent
+    for cap in range(64):
+        if LIBC.prctl(PR_CAPBSET_DROP, cap) != 0:
+            break  # past the last capability this kernel knows
+    header, nothing = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()
+    if LIBC.capset(header, nothing) != 0:
+        raise OSError(ctypes.get_errno(), "drop the capabilities")
+
+
+def works() -> bool:
+    """Whether a worker's process can have a world of its own here, tried once in a throwaway
+    child before any cell runs. Where the kernel grants user namespaces but not their mounts
+    (some distributions' AppArmor), workers are plain forked processes instead."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os._exit(0 if alone() and powerless() is None else 1)
+        except BaseException:  # noqa: BLE001 -- any failure means: not here
+            os._exit(1)
+    return os.waitpid(pid, 0)[1] == 0
+
+
+def _mount(place: str, options: str) -> None:
+    if LIBC.mount(b"tmpfs", place.encode(), b"tmpfs", 0, options.encode()) != 0:
+        raise OSError(ctypes.get_errno(), f"mount a tmpfs on {place}")
