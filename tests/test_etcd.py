@@ -3,10 +3,12 @@ until a restore from a snapshot issues one again and only the fence notices; not
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from labkit.clock import RealClock
 from labkit.engines import etcd, etcd_cluster, servers
 from labkit.errors import LabkitError, LeaseLost, StaleGeneration
 from labkit.processes.live import draw
+from labkit.processes.team import Team
 from labkit.sim.history import Event, check
 from polling import wait_for
 from prerequisites import require
@@ -181,6 +184,32 @@ def test_chaos_on_etcd_kills_its_leader_and_finds_no_violation(installed, tmp_pa
     assert "leader SIGKILLed 2 times, a different leader elected 2 times" in out
     assert int(re.search(r"committed: (\d+)", out).group(1)) >= 3
     assert int(re.search(r"\((\d+) of a lease holder past its lease\)", out).group(1)) >= 1
+
+
+def test_the_nemesis_waits_out_an_etcd_that_answers_later_than_a_workers_timeout(
+    installed, tmp_path
+):
+    """While no member answers (all SIGSTOPped for 3 s, longer than a worker's 2 s: an election
+    on a loaded machine), the chaos run's nemesis asks who holds the lease and gets its answer
+    once etcd is back, instead of ending the run with Unreachable."""
+    with etcd.Cluster() as cluster, Team(2, etcd=cluster.endpoints, root=tmp_path) as team:
+        members, back = [m.process.pid for m in cluster.members], threading.Event()
+
+        def resume() -> None:
+            for pid in members:
+                os.kill(pid, signal.SIGCONT)
+            back.set()
+
+        for pid in members:
+            os.kill(pid, signal.SIGSTOP)
+        timer = threading.Timer(3.0, resume)
+        timer.start()
+        try:
+            assert team.holder() is None  # no worker started: nobody holds it
+            assert back.is_set()  # and the answer came after etcd was back
+        finally:
+            timer.cancel()
+            resume()
 
 
 def test_an_interrupted_chaos_run_leaves_no_etcd_and_no_worker(installed, tmp_path):

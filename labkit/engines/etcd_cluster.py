@@ -31,6 +31,7 @@ __all__ = ["BIN", "Cluster", "LeaderKiller", "Member", "client", "for_chaos", "r
 BIN = Path("/usr/bin")
 _CLOCK = RealClock()  # real servers: real time, read through the one clock protocol
 TIMING = ("--heartbeat-interval", "50", "--election-timeout", "500")
+ELECTION = 10.0  # seconds within which a loaded 2-core machine elects a leader (0.8 s when quiet)
 
 
 def _argv(flags: dict) -> list:
@@ -189,7 +190,7 @@ class Cluster:
                 return member
         raise LabkitError(f"no running member has ID {member_id}")
 
-    def wait_leader(self, other_than: str | None = None, seconds: float = 10.0) -> str:
+    def wait_leader(self, other_than: str | None = None, seconds: float = ELECTION) -> str:
         """Wait until every running member follows one leader (not ``other_than``); return it."""
         deadline = _CLOCK.now() + seconds
         while _CLOCK.now() < deadline:

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, replace
 
 from labkit.clock import read_clock
-from labkit.engines.etcd_cluster import client
+from labkit.engines.etcd_cluster import ELECTION, client
 from labkit.errors import BadArgument, Busy, LabkitError, LeaseLost, check_number
 from labkit.lease import Lease, LeaseAuthority
 
@@ -145,6 +145,11 @@ class EtcdLeases:
         )
 
 
-def authority(db, clock, etcd=()) -> EtcdLeases | LeaseAuthority:
-    """The lease authority: etcd at the endpoints ``etcd`` if any, else ``db``'s leases table."""
-    return EtcdLeases(etcd, clock) if etcd else LeaseAuthority(db, clock)
+def authority(db, clock, etcd=(), *, looking=False) -> EtcdLeases | LeaseAuthority:
+    """The lease authority: etcd at the endpoints ``etcd`` if any, else ``db``'s leases table.
+    A worker's etcd calls give up after 2 s (it retries); ``looking``, a chaos run's nemesis,
+    which only asks who holds the lease and has none to lose by waiting, waits out an election
+    as long as :meth:`Cluster.wait_leader` does."""
+    if not etcd:
+        return LeaseAuthority(db, clock)
+    return EtcdLeases(etcd, clock, timeout=ELECTION if looking else 2.0)

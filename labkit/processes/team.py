@@ -90,7 +90,7 @@ class Team:
             execute(self.db, LINES)
         Fence(self.db, JOB)  # makes the job's fence row
         self._probe = connect(self.path, busy_timeout_ms=0)
-        self.leases = authority(self.db, _CLOCK, self.spec.etcd)
+        self.leases = authority(self.db, _CLOCK, self.spec.etcd, looking=True)
         self.journal = journal(os.path.join(self.run_dir, "journal", "team.jsonl"))
         self.procs: dict[str, subprocess.Popen] = {}
         self.incarnation, self.counts = Counter(), Counter()
