@@ -118,9 +118,42 @@ _wrap(ipywidgets.Widget, "_handle_msg", lambda self, msg: _mark(
     sent=msg["header"].get("date").timestamp() * 1000 if msg["header"].get("date") else None))
 _wrap(_panels.Explorer, "update", lambda self: _mark("update"), "updated")
 _wrap(render.TimelineRenderer, "png", lambda self, result: _mark("png"), "png_done")
+from ipykernel.iostream import IOPubThread as _IOPub
+
+def _zmq_sent(self, msg, *args, **kwargs):
+    head = b"".join(part if isinstance(part, bytes) else bytes(part) for part in msg[-3:])[:4096]
+    if b'"update"' in head and (b'"outputs"' in head or b'"value"' in head):
+        _mark("zmq")
+    return _really_send(self, msg, *args, **kwargs)
+
+_really_send, _IOPub._really_send = _IOPub._really_send, _zmq_sent
 _wrap(ipywidgets.Widget, "_send", lambda self, msg, buffers=None: _mark(
     "send", method=msg.get("method", ""),
     keys=",".join([*msg.get("state", {}), *(path[0] for path in msg.get("buffer_paths", []))])))
+"""
+
+# A jupyter_server_config.py for the server: marks when the picture's message comes off the kernel's
+# zmq socket and when its websocket frame is written, in the same log ("s_in", "s_out").
+_SERVER_PROBE = r"""
+import json, os, time
+from jupyter_server.services.kernels.connection import channels
+
+_log = open(os.environ["LABKIT_PROBE_LOG"], "a", buffering=1)
+_Conn = channels.ZMQChannelsWebsocketConnection
+
+def _picture(parts):
+    head = b"".join(bytes(p) for p in parts[-4:])[:4096]
+    return b'"update"' in head and (b'"outputs"' in head or b'"value"' in head)
+
+def _outgoing(self, stream, msg_list, _inner=_Conn.handle_outgoing_message):
+    picture = _picture(msg_list)
+    if picture:
+        _log.write(json.dumps({"t": time.time() * 1000, "what": "s_in"}) + "\n")
+    _inner(self, stream, msg_list)
+    if picture:
+        _log.write(json.dumps({"t": time.time() * 1000, "what": "s_out"}) + "\n")
+
+_Conn.handle_outgoing_message = _outgoing
 """
 
 # (name, start event, end event) of each stage of one press, in order.
@@ -131,7 +164,10 @@ STAGES = (
     ("update->png start (rerun)", "k_update", "k_png"),
     ("png draw+encode", "k_png", "k_png_done"),
     ("png->picture sent", "k_png_done", "k_send"),
-    ("picture sent->ws recv", "k_send", "ws_in"),
+    ("picture sent->iopub thread sent", "k_send", "k_zmq"),
+    ("iopub thread->server got it", "k_zmq", "k_s_in"),
+    ("server relay", "k_s_in", "k_s_out"),
+    ("server wrote->ws recv", "k_s_out", "ws_in"),
     ("ws recv->img in DOM", "ws_in", "shown"),
     ("img in DOM->decoded", "shown", "decoded"),
     ("decoded->next frame", "decoded", "frame"),
@@ -225,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
             startup = Path(workdir) / "ipython" / "profile_default" / "startup"
             startup.mkdir(parents=True)
             (startup / "00-labkit-probe.py").write_text(_KERNEL_PROBE)
+            (Path(workdir) / "config").mkdir()
+            (Path(workdir) / "config" / "jupyter_server_config.py").write_text(_SERVER_PROBE)
             os.environ["LABKIT_PROBE_LOG"] = str(probe_log)
         server = LabServer.start(ROOT, Path(workdir))
         worst = 0.0
