@@ -29,6 +29,7 @@ lab: $(STAMP)
 	echo "JupyterLab on http://127.0.0.1:$$port/lab?token=$$token"; \
 	exec $(BIN)/jupyter lab --ip=127.0.0.1 --port=$$port --ServerApp.port_retries=0 \
 	    --IdentityProvider.token=$$token --ServerApp.root_dir=$(CURDIR) $(ROOTOK) $(NOBROWSER) \
+	    --ServerApp.kernel_websocket_connection_class=labkit.course.lab.Connection \
 	    notebooks/00-start-here.ipynb
 
 test: $(STAMP)

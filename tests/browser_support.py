@@ -93,6 +93,7 @@ class LabServer:
             f"--ServerApp.root_dir={root}",
             f"--LabApp.app_settings_dir={app_settings}",
             "--LabApp.extension_manager=readonly",  # never query PyPI
+            "--ServerApp.kernel_websocket_connection_class=labkit.course.lab.Connection",  # as make lab
             # An absolute path keeps .ipynb_checkpoints out of the notebook folder.
             f"--FileCheckpoints.checkpoint_dir={workdir / 'checkpoints'}",
             "--allow-root",  # CI runs as root; the server refuses otherwise

@@ -1,4 +1,5 @@
-"""`make lab`: the URL it prints is the one the server accepts, on a free port, without a display."""
+"""`make lab`: the URL it prints is the one the server accepts, on a free port, without a display,
+and its kernels' websockets send without delay."""
 
 import os
 import pathlib
@@ -11,6 +12,7 @@ import urllib.error
 import urllib.request
 
 from polling import wait_for
+from test_lab_server import kernel_websocket_nodelay
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -65,6 +67,7 @@ def test_make_lab_prints_a_url_whose_token_works(tmp_path):
         wait_for(lambda: status_or_none(api), "JupyterLab to answer", timeout=60)
         assert status(f"{api}?token={token}") == 200
         assert status(api) == 403
+        assert kernel_websocket_nodelay(int(port), token) == 1  # a slider's messages go at once
     finally:
         os.killpg(lab.pid, signal.SIGTERM)
         try:

@@ -125,9 +125,10 @@ def knob_settings(panel) -> list[dict]:
 
 def panel_markers(panel, seen: list) -> list[dict]:
     """The markers of the panel's picture, drawn again by its renderer, in the order drawn."""
+    renderer = panel.renderer  # (which draws the shown picture first if it came from the panel's cache)
     seen.clear()
-    panel.renderer.png(panel.result)
-    ax = panel.renderer.canvas.figure.axes[0]
+    renderer.png(panel.result)
+    ax = renderer.canvas.figure.axes[0]
     return markers(ax, lines_of(ax, seen))
 
 

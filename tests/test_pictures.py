@@ -1,14 +1,18 @@
 """The picture is a function of the knobs: every lesson panel, moved along any path, shows the PNG a
 fresh renderer draws for the same knobs; and every slider position draws or refuses in words."""
 
+import asyncio
 import base64
-import re
 import functools
+import io
+import re
 
 import matplotlib
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from PIL import Image
 
 matplotlib.use("Agg")
 
@@ -198,3 +202,49 @@ def test_the_noise_check_sees_float_noise_and_the_tables_have_none():
     assert not re.search(NOISE, "t=12.5, 100000 rows, 3.14159")
     shown = tables_html({"leases": [{"expires_at": 19.999999999999996, "until": 0.30000000000000004}]})
     assert ">20<" in shown and ">0.3<" in shown and not re.search(NOISE, shown)
+
+
+def first_slider(p):
+    """The panel's first knob slider (not the seed), as a student's arrow keys move it."""
+    return next(
+        (name, c)
+        for name, c in p.controls.items()
+        if name != "seed" and hasattr(c, "step") and hasattr(c, "max")
+    )
+
+
+@pytest.mark.parametrize("name, call", CALLS, ids=IDS)
+def test_a_key_press_finds_its_picture_drawn_ahead_and_it_is_a_fresh_renderers(name, call):
+    """In a kernel (an event loop running), a press leaves the picture one step further drawn
+    while idle: the next press the same way, and every press back, runs no scenario, and each
+    shows byte for byte what a fresh renderer draws for its knobs."""
+    p = eval(call, {"explore": explore, **vars(labkit.scenarios)})
+    knob, slider = first_slider(p)
+    runs, scenario = [], p.scenario
+    p.scenario = functools.wraps(scenario)(lambda **knobs: runs.append(knobs) or scenario(**knobs))
+    way = 1 if slider.value + 3 * slider.step <= slider.max else -1
+    presses = [way] * 3 + [-way] * 3
+
+    async def press_keys() -> list[int]:
+        counts = []
+        for sign in presses:
+            before = len(runs)
+            slider.value = round(slider.value + sign * slider.step, 9)
+            counts.append(len(runs) - before)
+            assert p.result is None or shown(p) == fresh_png(p), f"{name}: {knob}={slider.value}"
+            await asyncio.sleep(0)  # the kernel is idle: what was planned ahead is drawn
+        return counts
+
+    counts = asyncio.run(press_keys())
+    assert counts[0] == 1 and counts[1:] == [0] * 5, f"{name}: scenario runs per press {counts}"
+
+
+@pytest.mark.parametrize("name, call", CALLS, ids=IDS)
+def test_the_png_holds_the_canvas_pixels_exactly(name, call):
+    """The panel's PNG, decoded by Pillow, is the renderer's canvas pixel for pixel (the canvas is
+    opaque, so the RGB file drops nothing)."""
+    p = panel(call)
+    canvas = np.asarray(p.renderer.canvas.buffer_rgba())
+    decoded = np.asarray(Image.open(io.BytesIO(shown(p))))
+    assert (canvas[..., 3] == 255).all() and decoded.shape == canvas[..., :3].shape
+    assert (decoded == canvas[..., :3]).all()

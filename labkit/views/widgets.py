@@ -3,9 +3,12 @@
 The timeline is a PNG in a ``widgets.Output`` whose ``outputs`` are swapped in one update, so
 nothing flickers. :func:`replay` plays a run paced in wall-clock time (``simpy.rt``)."""
 
+import asyncio
+import contextlib
 import html
 import os
 import re
+from collections import OrderedDict
 
 import ipywidgets as widgets
 from IPython.display import display
@@ -86,8 +89,8 @@ class Explorer(widgets.VBox):
     def __init__(self, scenario, controls: dict, fixed: dict) -> None:
         self.scenario, self.controls, self.fixed = scenario, controls, fixed
         self.reserved = TimelineRenderer(self._previews()).reserved  # fixed for the panel
-        self.renderer = TimelineRenderer(lanes=self.reserved)
-        self.result: Result | None = None
+        self._renderers = [TimelineRenderer(lanes=self.reserved) for _ in "12"]  # shown, ahead
+        self.result, self._drawn, self._pictures = None, None, OrderedDict()
         summary = html.escape(((scenario.__doc__ or "").strip().splitlines() or [""])[0])
         summary = re.sub(r"``(.+?)``", r"<code>\1</code>", summary)  # the docstring's literals
         self.title = widgets.HTML(f"<b>{html.escape(scenario.__name__)}</b> — {summary}")
@@ -102,7 +105,7 @@ class Explorer(widgets.VBox):
         if present._made is not None:
             present._made.append(self)
         for control in controls.values():
-            control.observe(lambda _change: self.update(), names="value")
+            control.observe(self._moved, names="value")
         self.update()
 
     def _repr_mimebundle_(self, **kwargs):
@@ -136,19 +139,56 @@ class Explorer(widgets.VBox):
             if name in self.controls and (self.controls[name].value == value) == protected:
                 self.controls[name].value = self.scenario.knobs[name] if protected else value
         try:
-            self.result = self.scenario(protected=protected, seed=seed, **self.knobs())
+            self.result, png, height = self._picture(self.knobs(), self._renderers[0])
         except LabkitError as exc:  # a refusal in words, and no picture of other knobs
             self.result = None
             error = html.escape(f"{type(exc).__name__}: {exc}")
             self.verdict.value = f"<div style='color:{COLOURS['rejected']}'>{error}</div>"
             self.image.outputs, self.tables.value = (), ""
             return None
-        png = self.renderer.png(self.result)
-        self.image.layout.min_height = f"{self.renderer.canvas.get_width_height()[1]}px"
+        self.image.layout.min_height = f"{height}px"
         self.image.outputs = png_output(png)
         self.verdict.value = verdict_html(self.result)
         self.tables.value = tables_html(self.result.tables)
         return self.result
+
+    @property
+    def renderer(self) -> TimelineRenderer:
+        """The panel's renderer, its last picture the one shown (drawn again if that came from
+        the panel's pictures, so that its canvas and label boxes are the shown picture's)."""
+        if self.result is not None and self._drawn is not self.result:
+            self._renderers[0].png(self.result)
+            self._drawn = self.result
+        return self._renderers[0]
+
+    def _picture(self, knobs: dict, renderer: TimelineRenderer) -> tuple:
+        """``(result, png, height)`` of ``knobs`` at the controls' seed and protection: from the
+        last 32 drawn, or run and drawn by ``renderer`` (a picture depends on its run alone)."""
+        seed, protected = self.controls["seed"].value, self.controls["protected"].value
+        key = (seed, protected, tuple(knobs.items()))
+        if key not in self._pictures:
+            result = self.scenario(protected=protected, seed=seed, **knobs)
+            png, (_, height) = renderer.png(result), renderer.canvas.get_width_height()
+            self._drawn = result if renderer is self._renderers[0] else self._drawn
+            self._pictures[key] = (result, png, height)
+        self._pictures.move_to_end(key)
+        while len(self._pictures) > 32:
+            self._pictures.popitem(last=False)
+        return self._pictures[key]
+
+    def _moved(self, change) -> None:
+        """A control moved: show its run, then, while the kernel is idle, draw the picture one
+        more step the same way ahead, so that the next key press finds it drawn."""
+        self.update()
+        name, slider = next(k for k, c in self.controls.items() if c is change.owner), change.owner
+        if name not in _FIXED and isinstance(slider, (widgets.IntSlider, widgets.FloatSlider)):
+            further = min(max(round(2 * change.new - change.old, 9), slider.min), slider.max)
+            with contextlib.suppress(RuntimeError):  # no event loop: a plain script or a test
+                asyncio.get_running_loop().call_soon(self._ahead, {**self.knobs(), name: further})
+
+    def _ahead(self, knobs: dict) -> None:
+        with contextlib.suppress(LabkitError):  # refused: the press will say so
+            self._picture(knobs, self._renderers[1])
 
 
 def explore(scenario, *, protected: bool = True, seed: int = 0, **sliders) -> Explorer:
