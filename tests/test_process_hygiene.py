@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -214,3 +215,45 @@ def test_a_server_stops_even_after_an_interrupt_inside_poll():
         with interrupted_inside_poll([server.process]):
             finishes(server.stop, "Throwaway.stop")
     assert not os.path.exists(f"/proc/{pid}") and not folder.exists()
+
+
+@contextlib.contextmanager
+def interrupted_right_after_popen(monkeypatch):
+    """Every ``Popen`` of the block is followed at once by a Ctrl-C (SIGINT to this process),
+    before its caller can record what it started; yields the pids started."""
+    started, real = [], subprocess.Popen
+
+    def popen(*args, **kwargs):
+        proc = real(*args, **kwargs)
+        started.append(proc.pid)
+        os.kill(os.getpid(), signal.SIGINT)  # Python raises it at the next instruction
+        return proc
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    yield started
+    monkeypatch.setattr(subprocess, "Popen", real)
+
+
+def test_an_interrupt_as_a_worker_starts_leaves_no_worker(tmp_path, monkeypatch):
+    """A Ctrl-C that lands between a worker's Popen and the team's record of it (live.py's
+    run_demo once left such a B running): the team knows it, and stop() ends it."""
+    with Team(2, ttl=0.5, root=tmp_path) as team:
+        with interrupted_right_after_popen(monkeypatch) as started, pytest.raises(KeyboardInterrupt):
+            team.start("A")
+        assert started and team.pid("A") == started[0]
+    assert servers.proc_state(started[0]) == "gone"
+
+
+def test_an_interrupt_as_a_server_starts_leaves_no_server(monkeypatch):
+    """The same for a throwaway server's process: its start() stops it on the way out."""
+
+    class Sleeper(servers.Throwaway):
+        kind = "sleeper"
+
+        def _start(self) -> None:
+            self.spawn("sleep", "60", log=self.folder / "log")
+
+    server = Sleeper()
+    with interrupted_right_after_popen(monkeypatch) as started, pytest.raises(KeyboardInterrupt):
+        server.start()
+    assert started and servers.proc_state(started[0]) == "gone" and server.process is None

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -26,7 +27,7 @@ from typing import NamedTuple
 from labkit.errors import LabkitError
 
 __all__ = ["MissingBinary", "ServerFailed", "Throwaway", "binary", "free_port", "as_user"]
-__all__ += ["Step", "descendants", "kill_tree", "proc_state", "reap", "sweep"]
+__all__ += ["Step", "descendants", "held_interrupts", "kill_tree", "proc_state", "reap", "sweep"]
 
 PREFIX = "labkit-server-"
 
@@ -127,6 +128,27 @@ def descendants(pid: int) -> list[int]:
         found += (children := parents.get(todo.pop(), []))
         todo += children
     return found
+
+
+@contextlib.contextmanager
+def held_interrupts():
+    """Hold a Ctrl-C (SIGINT) that comes in the block until it ends, then raise it: a process
+    started in it and not yet recorded (between ``Popen`` and the assignment of what it returns)
+    would outlive every ``stop()``. Only the main thread receives a Python signal; elsewhere this
+    holds nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list = []
+    before = signal.signal(signal.SIGINT, lambda *got: held.append(got))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+        if held and callable(before):
+            before(*held[0])
+        elif held and before == signal.SIG_DFL:
+            os.kill(os.getpid(), signal.SIGINT)
 
 
 def reap(process: subprocess.Popen, timeout: float | None = None) -> int | None:
@@ -249,7 +271,7 @@ class Throwaway:
 
     def spawn(self, *argv, log: Path) -> subprocess.Popen:
         """Start the server process as :attr:`user`, its output going to ``log``."""
-        with open(log, "ab") as out:
+        with open(log, "ab") as out, held_interrupts():
             self.process = subprocess.Popen(
                 [str(a) for a in argv],
                 preexec_fn=as_user(self.user, self.death_signal),

@@ -27,7 +27,7 @@ from random import Random
 from labkit.clock import RealClock
 from labkit.db import connect, execute, transaction
 from labkit.engines.etcd_leases import authority
-from labkit.engines.servers import as_user, proc_state, reap, sweep
+from labkit.engines.servers import as_user, held_interrupts, proc_state, reap, sweep
 from labkit.errors import BadArgument, Busy, LabkitError, check_number
 from labkit.fence import Fence
 from labkit.processes.workers import (
@@ -314,7 +314,8 @@ class Team:
         seed = Random(f"{self.seed}/{name}/{number}").randrange(2**32)
         spec = replace(self.spec, slot=slot, name=name, incarnation=number, seed=seed)
         os.makedirs(self._scratch(name))
-        with open(os.path.join(self.run_dir, "logs", f"{name}.{number}.err"), "wb") as log:
+        log_path = os.path.join(self.run_dir, "logs", f"{name}.{number}.err")
+        with open(log_path, "wb") as log, held_interrupts():  # recorded before a Ctrl-C acts
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "labkit.processes.workers", json.dumps(asdict(spec))],
                 env={**os.environ, "LABKIT_SCRATCH": self._scratch(name)},
