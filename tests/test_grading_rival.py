@@ -157,3 +157,35 @@ def test_a_call_whose_statements_vary_by_schedule_is_raced_where_its_own_rival_c
     got = judged("04.2", name, {"bare": bare, "padded": padded}, run=2449547475)
     assert got["bare"].total()[0] == 8.0 and got["padded"].total()[0] <= 8.0, got["padded"].text()
     assert "live kept" in {f.prop for f in got["padded"].findings if f.broken}, got["padded"].text()
+
+
+COIN = '''
+import random as _random
+_wrong = {name}
+def {name}(*args, **kwargs):  # each call tosses a coin: the right answer or the wrong one
+    return (_right if _random.random() < 0.5 else _wrong)(*args, **kwargs)
+'''
+
+
+@pytest.mark.parametrize("task", [*sorted(RACY), "07.2", "08.1"])  # and two with a crash
+def test_a_replay_draws_what_each_workers_process_drew(task):
+    """An answer that tosses a coin at each call (``random``: the right answer or the wrong one)
+    breaks a property in some schedules. The replay of each schedule the report names breaks it
+    again: each worker draws ``random`` as its own process did in the sandbox (A, its rival B and a
+    successor a stream each), not all of them from one stream in turn."""
+    import labkit.grading
+    from answers import define
+
+    wrongs = CORPUS[task]["wrong"]
+    name, wrong = CORPUS[task]["name"], wrongs[RACY.get(task, next(iter(wrongs)))][0]
+    right = next(iter(CORPUS[task]["right"].values()))
+    coin = right + f"\n_right = {name}\n" + wrong + COIN.replace("{name}", name)
+    report = judged(task, name, {"coin": coin}, run=20261204)["coin"]
+    broken = [f for f in report.findings if f.broken]
+    assert broken, report.text()
+    answer = define(coin, name)
+    for finding in broken:
+        replayed = labkit.grading.replayed(task, answer, seed=finding.broken.seed, run=finding.broken.run)
+        assert "broken: " in replayed.verdict and finding.words in replayed.verdict, (
+            finding.prop, finding.broken.schedule, replayed.verdict
+        )

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from labkit.errors import BadArgument, LabkitError
+from labkit.grading import lab
 from labkit.grading import verdicts as _verdict
+from labkit.grading.forks import OwnLuck
 from labkit.grading.scores import Report
 from labkit.grading.verdicts import PROBLEMS, Broken, _run, _task, refused
 
@@ -127,11 +129,14 @@ def replayed(task_id: str, answer: Any, *, seed: int, run: int | None = None):
     def probe(row) -> list:  # the boundaries the answer's call reaches, in this process
         end = _verdict.SPREAD + row.seed
         at = _verdict.schedule_of(t, end, run=run)
-        return _run(t, lambda: contextlib.nullcontext(answer), at, [], set(), []).get("keys", [])
+        return _run(t, own_luck, at, [], set(), []).get("keys", [])
+
+    def own_luck():  # each worker draws its random as its process in the sandbox would
+        return contextlib.nullcontext(OwnLuck(answer, lab.LUCK[-1]))
 
     schedule, history, later = _verdict.schedule_of(t, seed, probe, run), [], []
     try:
-        _run(t, lambda: contextlib.nullcontext(answer), schedule, history, set(), later)
+        _run(t, own_luck, schedule, history, set(), later)
         words = [t.properties.get(b.prop, b.prop) for first in later for b in (first, *first.more)]
     except Broken as b:
         words = [PROBLEMS[b.prop]]

@@ -17,6 +17,7 @@ in memory dies with it, and the successor, on a connection of its own, is a fres
 from __future__ import annotations
 
 import functools
+import random
 import socket
 import sqlite3
 
@@ -24,7 +25,7 @@ from labkit.grading import lab, wire
 from labkit.grading.policy import lendable
 from labkit.grading.verdicts import Refused
 
-__all__ = ["Killed", "Dead", "Workers", "RemoteAnswer"]
+__all__ = ["Killed", "Dead", "Workers", "RemoteAnswer", "OwnLuck", "seed_of"]
 
 
 class Killed(Exception):
@@ -106,7 +107,7 @@ class Workers:
 
     def seed(self, number: int):
         """The ``random`` seed of the schedule's ``number``-th process."""
-        return self.luck if number == 0 or self.luck is None else f"{self.luck}/{number}"
+        return seed_of(self.luck, number)
 
     def start(self) -> Process | None:
         """A new process, if the notebook defines the answer's function (else None)."""
@@ -207,3 +208,41 @@ def _ours(process: Process, tagged):
     if tagged[0] != "Y":
         raise wire.NotCrossable("an object of its own")
     return process.resolve(tagged)
+
+
+def seed_of(luck, number: int):
+    """The ``random`` seed of a schedule's ``number``-th process, when the schedule's is ``luck``."""
+    return luck if number == 0 or luck is None else f"{luck}/{number}"
+
+
+class OwnLuck:
+    """The answer called in this process (a replay) as :class:`RemoteAnswer` calls it in the
+    sandbox: each worker, known as :class:`Workers` knows it and numbered in the same order (a
+    dead one's next call a new number), draws ``random`` from a stream of its own, seeded as its
+    process would be. So a replay draws what the grade's processes drew."""
+
+    def __init__(self, answer, luck) -> None:
+        self.answer, self.luck, self.__name__ = answer, luck, getattr(answer, "__name__", "answer")
+        self.states: list = []  # per worker number: its random's state between calls
+        self.of_key: dict = {}
+        self.running: list[int] = []
+
+    def __call__(self, *args, **kwargs):
+        key = _connections([*args, *kwargs.values()]) or ("none", len(self.running))
+        if key not in self.of_key:
+            self.of_key[key] = len(self.states)
+            self.states.append(random.Random(seed_of(self.luck, len(self.states))).getstate())
+        number, outer = self.of_key[key], self.running[-1] if self.running else None
+        if outer is not None:
+            self.states[outer] = random.getstate()
+        random.setstate(self.states[number])
+        self.running.append(number)
+        try:
+            return self.answer(*args, **kwargs)
+        finally:
+            self.running.pop()
+            self.states[number] = random.getstate()
+            if outer is not None:
+                random.setstate(self.states[outer])
+            if isinstance(key, frozenset) and any(lab.DYING.get(c, bool)() for c in key):
+                del self.of_key[key]  # killed: its worker's next call is a fresh process
