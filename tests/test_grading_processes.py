@@ -253,3 +253,53 @@ def test_what_a_crashed_worker_remembered_gains_a_wrong_answer_nothing(crashed, 
         bare, wrapped = reports[f"{label}/bare"], reports[f"{label}/{how}"]
         assert bare.problem is None, bare.text()
         assert wrapped.total()[0] <= bare.total()[0], f"{label}, {how}:\n{wrapped.text()}"
+
+
+DRAWS = """
+import random
+
+def draws(conn=None, die=False, then=None):
+    first = random.random()
+    inner = then() if then is not None else None      # the rival, called while A's call runs
+    if conn is not None:
+        conn.execute("SELECT 'DIE'" if die else "SELECT 1").fetchall()
+    return [first, inner, random.random()]           # A's own stream goes on after the rival
+"""
+
+
+def play_draws(answer, tmp, killed) -> list:
+    """The script of calls both ways: workers a and b, a rival b inside a's call, a call with no
+    connection, a's death at a statement and its successor on the same connection."""
+    a, b = tmp.open(), tmp.open()
+
+    def rival(conn=None):  # a trial's callback (the judge lends those of labkit's modules)
+        def call():
+            return answer(conn) if conn is not None else answer()
+
+        call.__module__ = "labkit.grading.trial"
+        return call
+
+    seen = [answer(a.conn), answer(b.conn), answer(a.conn, then=rival(b.conn))]
+    seen += [answer(), answer(a.conn, then=rival())]  # no connection: by depth
+    with lab.process(a, lambda sql: "DIE" in sql), pytest.raises(killed):
+        answer(a.conn, die=True)
+    return seen + [answer(a.conn), answer(b.conn)]
+
+
+def test_a_replay_draws_the_random_numbers_of_the_sandboxs_processes(box):
+    """What each call drew from ``random`` in the sandbox (A, B, a rival nested in A's call, the
+    no-connection calls by depth, a successor after a kill: a process each, seeded by its
+    number) is what the replay's in-process answer draws (OwnLuck), call for call."""
+    from answers import define
+    from labkit.grading.forks import OwnLuck
+
+    assert box.cell(DRAWS, 2) is None
+    lab.LUCK.append(20261204)
+    try:
+        with lab.scratch() as tmp, box.answer("draws", ()) as remote:
+            sandboxed = play_draws(remote, tmp, judge.Killed)
+        with lab.scratch() as tmp:
+            replayed = play_draws(OwnLuck(define(DRAWS, "draws"), lab.LUCK[-1]), tmp, Exception)
+    finally:
+        lab.LUCK.pop()
+    assert sandboxed == replayed and len({str(s) for s in sandboxed}) == len(sandboxed), sandboxed

@@ -67,7 +67,7 @@ def test_make_lab_prints_a_url_whose_token_works(tmp_path):
         wait_for(lambda: status_or_none(api), "JupyterLab to answer", timeout=60)
         assert status(f"{api}?token={token}") == 200
         assert status(api) == 403
-        assert kernel_websocket_nodelay(int(port), token) == 1  # a slider's messages go at once
+        assert kernel_websocket_nodelay(lab.pid, int(port), token) == 1  # a slider's messages go at once
     finally:
         os.killpg(lab.pid, signal.SIGTERM)
         try:

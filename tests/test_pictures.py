@@ -248,3 +248,22 @@ def test_the_png_holds_the_canvas_pixels_exactly(name, call):
     decoded = np.asarray(Image.open(io.BytesIO(shown(p))))
     assert (canvas[..., 3] == 255).all() and decoded.shape == canvas[..., :3].shape
     assert (decoded == canvas[..., :3]).all()
+
+
+def test_a_jump_of_several_steps_draws_nothing_ahead():
+    """A drag or a click on the track jumps: nothing is drawn ahead (its guess would cost the
+    next message a second run), and the next press runs its own scenario."""
+    p = explore(labkit.scenarios.expired_but_alive, protected=False, pause=(0, 60, 0.5))
+    runs, scenario = [], p.scenario
+    p.scenario = functools.wraps(scenario)(lambda **knobs: runs.append(knobs) or scenario(**knobs))
+
+    async def jump_then_press() -> list[int]:
+        counts = []
+        for value in (10.0, 10.5):  # a jump, then one step further the same way
+            before = len(runs)
+            p.controls["pause"].value = value
+            counts.append(len(runs) - before)
+            await asyncio.sleep(0)
+        return counts
+
+    assert asyncio.run(jump_then_press()) == [1, 1]  # (the step then draws 11.0 ahead)

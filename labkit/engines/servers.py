@@ -136,8 +136,11 @@ def held_interrupts():
     started in it and not yet recorded (between ``Popen`` and the assignment of what it returns)
     would outlive every ``stop()``. Only the main thread receives a Python signal; elsewhere this
     holds nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is None
+    ):
+        yield  # (None: a handler set outside Python, which signal.signal cannot put back)
         return
     held: list = []
     before = signal.signal(signal.SIGINT, lambda *got: held.append(got))

@@ -233,8 +233,9 @@ class OwnLuck:
             self.of_key[key] = len(self.states)
             self.states.append(random.Random(seed_of(self.luck, len(self.states))).getstate())
         number, outer = self.of_key[key], self.running[-1] if self.running else None
+        caller = random.getstate()  # the judge's own, or the outer worker's
         if outer is not None:
-            self.states[outer] = random.getstate()
+            self.states[outer] = caller
         random.setstate(self.states[number])
         self.running.append(number)
         try:
@@ -242,7 +243,6 @@ class OwnLuck:
         finally:
             self.running.pop()
             self.states[number] = random.getstate()
-            if outer is not None:
-                random.setstate(self.states[outer])
+            random.setstate(self.states[outer] if outer is not None else caller)
             if isinstance(key, frozenset) and any(lab.DYING.get(c, bool)() for c in key):
-                del self.of_key[key]  # killed: its worker's next call is a fresh process
+                self.of_key.pop(key, None)  # killed: its worker's next call is a fresh process

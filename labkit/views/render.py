@@ -29,7 +29,8 @@ class _Frame:
 
     def __init__(self, lanes: list[str], xmax: float, xlabel: str) -> None:
         big = mpl.rcParams["font.size"] > 10  # presenter mode: the pixels an inch of timeline()
-        self.figure = Figure(dpi=mpl.rcParams["figure.dpi"] if big else 80)
+        # opaque whatever the rcParams say: the PNG is RGB
+        self.figure = Figure(dpi=mpl.rcParams["figure.dpi"] if big else 80, facecolor="white")
         self.canvas = FigureCanvasAgg(self.figure)
         self.ax = self.figure.add_subplot()
         fit_figure(self.figure, len(lanes), top=0.25)  # the panel shows the title

@@ -6,6 +6,7 @@ nothing flickers. :func:`replay` plays a run paced in wall-clock time (``simpy.r
 import asyncio
 import contextlib
 import html
+import math
 import os
 import re
 from collections import OrderedDict
@@ -163,7 +164,8 @@ class Explorer(widgets.VBox):
 
     def _picture(self, knobs: dict, renderer: TimelineRenderer) -> tuple:
         """``(result, png, height)`` of ``knobs`` at the controls' seed and protection: from the
-        last 32 drawn, or run and drawn by ``renderer`` (a picture depends on its run alone)."""
+        last drawn (32, and 20,000 events: a herd of 500 is 4,000), or run and drawn by
+        ``renderer`` (a picture depends on its run alone)."""
         seed, protected = self.controls["seed"].value, self.controls["protected"].value
         key = (seed, protected, tuple(knobs.items()))
         if key not in self._pictures:
@@ -172,16 +174,24 @@ class Explorer(widgets.VBox):
             self._drawn = result if renderer is self._renderers[0] else self._drawn
             self._pictures[key] = (result, png, height)
         self._pictures.move_to_end(key)
-        while len(self._pictures) > 32:
+        kept = list(self._pictures.values())
+        while len(kept) > 1 and (len(kept) > 32 or sum(len(r.history) for r, *_ in kept) > 20_000):
             self._pictures.popitem(last=False)
+            kept.pop(0)
         return self._pictures[key]
 
     def _moved(self, change) -> None:
-        """A control moved: show its run, then, while the kernel is idle, draw the picture one
-        more step the same way ahead, so that the next key press finds it drawn."""
+        """A control moved: show its run; if a slider moved one step (an arrow key), draw the
+        picture one more step the same way once this message is done, before the next one is
+        read, so that the next press finds it drawn (a drag's jumps draw nothing ahead)."""
         self.update()
         name, slider = next(k for k, c in self.controls.items() if c is change.owner), change.owner
-        if name not in _FIXED and isinstance(slider, (widgets.IntSlider, widgets.FloatSlider)):
+        sliding = isinstance(slider, (widgets.IntSlider, widgets.FloatSlider))
+        if (
+            name not in _FIXED
+            and sliding
+            and math.isclose(abs(change.new - change.old), slider.step)
+        ):
             further = min(max(round(2 * change.new - change.old, 9), slider.min), slider.max)
             with contextlib.suppress(RuntimeError):  # no event loop: a plain script or a test
                 asyncio.get_running_loop().call_soon(self._ahead, {**self.knobs(), name: further})
