@@ -31,11 +31,11 @@ PR_SET_PDEATHSIG, PR_CAPBSET_DROP, MS_BIND_REC = 1, 24, 4096 | 16384
 PRIVATE_FIXED = 0x02 | 0x20 | 0x10  # MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED
 
 
-def kill(pid: int, *, _kill=os.kill, _wait=os.waitpid) -> None:
+def kill(pid: int, *, reap=True, _kill=os.kill, _wait=os.waitpid) -> None:
     """SIGKILL ``pid`` and reap it (os's functions as they were before any cell ran)."""
     try:
         _kill(pid, signal.SIGKILL)
-        _wait(pid, 0)
+        _wait(pid, 0) if reap else None
     except (ProcessLookupError, ChildProcessError):
         pass
 

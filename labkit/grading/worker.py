@@ -13,6 +13,8 @@ use of it (an SQL statement, a clock read, a callback, an RNG draw) is a request
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import random
 import socket
@@ -67,44 +69,52 @@ class _Worker(Peer):
     def main(self) -> None:
         # what forks and kills the workers, taken before any cell runs (a cell may rebind names)
         door, workers, fork, kill = socket.socket(fileno=5), {}, os.fork, alone.kill
-        self.alone = alone.works()
+        self.alone, spare = alone.works(), None
         while True:
             message = self.channel.recv()
             op = message["op"]
             if op == "cell":
+                if spare:  # forked from the state before this cell
+                    spare[1].close(), kill(spare[0])
+                spare = None
                 error = self.run_cell(message["source"], message["number"])
                 self.channel.send({"op": "ran", "error": error})
-            elif op == "fork":
+            elif op == "fork":  # to the spare forked ahead (after the cells ran), and another
                 _, (fd,), _, _ = socket.recv_fds(door, 1, 1)
-                pid = fork()
-                if pid == 0:  # out of these frames: nothing of the root's is left to read
-                    raise _Child(fd, message.get("seed"))
-                os.close(fd)  # a later worker must not inherit this one's channel
-                workers[message["worker"]] = pid
+                pid, hand = spare or _spare(fork)
+                with contextlib.suppress(OSError):  # a spare that died: the judge sees it gone
+                    socket.send_fds(hand, [json.dumps(message.get("seed")).encode()], [fd])
+                os.close(fd), hand.close()  # a later worker must not inherit this one's channel
+                workers[message["worker"]], spare = pid, _spare(fork)
             elif op == "kill":  # a crash: the process dies at once, whatever it was doing
                 if pid := workers.pop(message["worker"], None):  # once, if ever
                     kill(pid)
                 self.channel.send({"op": "killed"})
-            elif op == "end":  # the schedule is over: its processes go
+            elif op == "end":  # the schedule is over: its processes go (reaped once it is told)
+                for pid in workers.values():
+                    kill(pid, reap=False)
+                self.channel.send({"op": "done"})
                 for pid in workers.values():
                     kill(pid)
                 workers.clear()
-                self.channel.send({"op": "done"})
             elif op == "quit":
                 return
 
-    def child(self, fd: int, seed) -> None:
-        """Serve the judge as one worker of a schedule, on ``fd`` only, in a world of its own
-        (:mod:`labkit.grading.alone`), its ``random`` seeded with ``seed``."""
+    def child(self, hand: int) -> None:
+        """Serve the judge as one worker of a schedule in a world of its own
+        (:mod:`labkit.grading.alone`), made before it is needed: then it is given its channel
+        and its ``random`` seed on ``hand``, and keeps that channel only."""
         try:
-            alone.keep_only(fd)
+            alone.keep_only(hand)
             alone.private_memory()
             if self.alone and alone.alone():  # the new numbering's parent: it lives as long
                 if inner := os.fork():  # as its child (pid 1), which dies with it (the kill)
                     os.waitpid(inner, 0)
                     os._exit(0)
                 alone.powerless()
-            random.seed(seed)
+            with socket.socket(fileno=hand) as given:  # nothing (the root went): it ends
+                seed, (fd,), _, _ = socket.recv_fds(given, 1 << 10, 1)
+            random.seed(json.loads(seed))
             del seed
             self.channel = Channel(fd, fd)
             while (message := self.channel.recv())["op"] in ("answer", "req"):
@@ -172,6 +182,16 @@ class ProxyConnection(sqlite3.Connection):
     @isolation_level.setter
     def isolation_level(self, value):
         self._ask("setattr", "isolation_level", value)
+
+
+def _spare(fork) -> tuple[int, socket.socket]:
+    """A worker's process forked ahead from the notebook's state, and the socket on which it
+    waits for its channel (the root keeps no more of it)."""
+    hand, theirs = socket.socketpair()
+    if (pid := fork()) == 0:  # out of the root's frames: nothing of it is left to read
+        raise _Child(theirs.detach())
+    theirs.close()
+    return pid, hand
 
 
 def _reap() -> None:
@@ -252,6 +272,6 @@ if __name__ == "__main__":
     try:
         worker.main()
     except _Child as child:
-        fd, seed = child.args
+        (hand,) = child.args
         del child
-        worker.child(fd, seed)
+        worker.child(hand)
