@@ -1,12 +1,13 @@
 """A worker's world of its own: what each of a schedule's processes is given in the sandbox.
 
-:mod:`labkit.grading.worker` forks a process per worker of a schedule from the notebook's
-state. Before it serves the judge, that process keeps only its own channel (every other file
-descriptor the cells opened is closed), turns every shared writable mapping into a private
-copy, and enters user, pid, mount, IPC and network namespaces of its own: its child is pid 1
-of a numbering of its own, with a fresh /tmp (what the cells left there, and the sandbox's
-read-only places bound again), an empty /proc and /dev/shm, and no capability. So no two
-workers share anything but the database, and no schedule can be counted from inside.
+:mod:`labkit.grading.worker` forks, after the cells ran, a template: it keeps only its socket
+to the root (every other descriptor the cells opened is closed), turns every shared writable
+mapping into a private copy, and is pid 1 of user and pid namespaces of its own. Each worker
+of a schedule is forked from it: pid 1 of a numbering of its own, it keeps only its channel
+and enters mount, IPC and network namespaces of its own, with a fresh /tmp (what the cells
+left there, and the sandbox's read-only places bound again), an empty /proc and /dev/shm, and
+no capability. So no two workers share anything but the database, and no schedule can be
+counted from inside. (The world is made once per state of the cells, not per worker: #22.)
 
 Hand-written on ctypes: Python 3.11 has no ``os.unshare`` and no mount, and no library for
 them would be in the sandbox. Like :mod:`labkit.grading.wire`, this module imports nothing of
@@ -26,16 +27,16 @@ LIBC.mmap.restype, LIBC.mmap.argtypes = (
     ctypes.c_void_p,
     [ctypes.c_void_p, ctypes.c_size_t] + [ctypes.c_int] * 3 + [ctypes.c_long],
 )
-NAMESPACES = 0x20000 | 0x10000000 | 0x20000000 | 0x8000000 | 0x40000000  # mount user pid ipc net
+MOUNT, USER, PID, IPC, NET = 0x20000, 0x10000000, 0x20000000, 0x8000000, 0x40000000
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, MS_BIND_REC = 1, 24, 4096 | 16384
 PRIVATE_FIXED = 0x02 | 0x20 | 0x10  # MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED
 
 
-def kill(pid: int, *, reap=True, _kill=os.kill, _wait=os.waitpid) -> None:
+def kill(pid: int, *, _kill=os.kill, _wait=os.waitpid) -> None:
     """SIGKILL ``pid`` and reap it (os's functions as they were before any cell ran)."""
     try:
         _kill(pid, signal.SIGKILL)
-        _wait(pid, 0) if reap else None
+        _wait(pid, 0)
     except (ProcessLookupError, ChildProcessError):
         pass
 
@@ -60,22 +61,44 @@ def private_memory() -> None:
         ctypes.memmove(start, data, end - start)
 
 
-def alone() -> bool:
-    """Enter namespaces of its own, map its uid, and give it its /tmp, /proc and /dev/shm;
-    False where no user namespace can be had (as root: mapping uid 0 takes a capability the
-    sandbox dropped). Its next child is pid 1 of the new numbering."""
+def template() -> int | None:
+    """Enter user and pid namespaces (the uid mapped) and fork the template, pid 1 there, which
+    dies with this process and gets a descriptor of its numbering. None (and no fork) where no
+    user namespace can be had (as root: mapping uid 0 takes a capability the sandbox dropped)."""
+    LIBC.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))  # the root's loss ends it
     uid, gid = os.geteuid(), os.getegid()
-    if uid == 0 or LIBC.unshare(NAMESPACES) != 0:
-        return False
+    if uid == 0 or LIBC.unshare(USER | PID) != 0:
+        return None
     maps = (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1"))
     for name, line in maps:
         with open(f"/proc/self/{name}", "w") as f:
             f.write(line)
+    if pid := os.fork():
+        os.waitpid(pid, 0)
+        os._exit(0)
+    LIBC.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    return os.open("/proc/self/ns/pid", os.O_RDONLY)
+
+
+def fork(numbering: int | None) -> int:
+    """Fork a worker from the template: pid 1 of a numbering of its own under ``numbering``
+    (the template's, which it returns to: its next worker's is new again); None: a plain fork."""
+    if numbering is not None and LIBC.unshare(PID) != 0:
+        raise OSError(ctypes.get_errno(), "a pid namespace for the worker")
+    pid = os.fork()
+    if pid and numbering is not None and LIBC.setns(numbering, PID) != 0:
+        raise OSError(ctypes.get_errno(), "back to the template's pid namespace")
+    return pid
+
+
+def world() -> None:
+    """A worker's own mount, IPC and network namespaces, its /tmp, an empty /proc and /dev/shm."""
+    if LIBC.unshare(MOUNT | IPC | NET) != 0:
+        raise OSError(ctypes.get_errno(), "namespaces for the worker")
     _own_tmp()
     for place in ("/proc", "/dev/shm"):
         if os.path.isdir(place):
             _mount(place, "size=4k,mode=555")
-    return True
 
 
 def _own_tmp() -> None:
@@ -119,14 +142,13 @@ def powerless() -> None:
         raise OSError(ctypes.get_errno(), "drop the capabilities")
 
 
-def works() -> bool:
-    """Whether a worker's process can have a world of its own here, tried once in a throwaway
-    child before any cell runs. Where the kernel grants user namespaces but not their mounts
-    (some distributions' AppArmor), workers are plain forked processes instead."""
-    pid = os.fork()
-    if pid == 0:
+def works(numbering: int) -> bool:
+    """Whether a worker can have a world of its own here, tried once in a throwaway worker of
+    the template's. Where the kernel grants user namespaces but not their mounts (some
+    distributions' AppArmor), workers are plain forked processes instead."""
+    if (pid := fork(numbering)) == 0:
         try:
-            os._exit(0 if alone() and powerless() is None else 1)
+            os._exit(0 if world() is None and powerless() is None else 1)
         except BaseException:  # noqa: BLE001 -- any failure means: not here
             os._exit(1)
     return os.waitpid(pid, 0)[1] == 0
