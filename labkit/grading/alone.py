@@ -1,13 +1,12 @@
 """A worker's world of its own: what each of a schedule's processes is given in the sandbox.
 
-:mod:`labkit.grading.worker` forks, after the cells ran, a template: it keeps only its socket
-to the root (every other descriptor the cells opened is closed), turns every shared writable
+:mod:`labkit.grading.worker` forks a template after the cells ran: it keeps only its socket
+to the root (every other descriptor the cells opened is closed), turns each shared writable
 mapping into a private copy, and is pid 1 of user and pid namespaces of its own. Each worker
-of a schedule is forked from it: pid 1 of a numbering of its own, it keeps only its channel
-and enters mount, IPC and network namespaces of its own, with a fresh /tmp (what the cells
-left there, and the sandbox's read-only places bound again), an empty /proc and /dev/shm, and
-no capability. So no two workers share anything but the database, and no schedule can be
-counted from inside. (The world is made once per state of the cells, not per worker: #22.)
+of a schedule is forked from it, pid 1 of a numbering of its own; it keeps only its channel,
+and has mount, IPC and network namespaces of its own, a fresh /tmp (what the cells left there,
+and the sandbox's read-only places bound again), an empty /proc and /dev/shm, no capability.
+So no two workers share anything but the database, and no schedule can be counted from inside.
 
 Hand-written on ctypes: Python 3.11 has no ``os.unshare`` and no mount, and no library for
 them would be in the sandbox. Like :mod:`labkit.grading.wire`, this module imports nothing of
@@ -16,6 +15,7 @@ labkit's: the sandbox sees it and no check.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -34,11 +34,9 @@ PRIVATE_FIXED = 0x02 | 0x20 | 0x10  # MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED
 
 def kill(pid: int, *, _kill=os.kill, _wait=os.waitpid) -> None:
     """SIGKILL ``pid`` and reap it (os's functions as they were before any cell ran)."""
-    try:
+    with contextlib.suppress(ProcessLookupError, ChildProcessError):
         _kill(pid, signal.SIGKILL)
         _wait(pid, 0)
-    except (ProcessLookupError, ChildProcessError):
-        pass
 
 
 def keep_only(fd: int) -> None:
@@ -62,9 +60,9 @@ def private_memory() -> None:
 
 
 def template() -> int | None:
-    """Enter user and pid namespaces (the uid mapped) and fork the template, pid 1 there, which
-    dies with this process and gets a descriptor of its numbering. None (and no fork) where no
-    user namespace can be had (as root: mapping uid 0 takes a capability the sandbox dropped)."""
+    """Enter user and pid namespaces (the uid mapped), fork the template (pid 1 there; it dies
+    with this process) and return there a descriptor of its numbering; None where a worker can
+    have no world of its own (:func:`works`; as root, mapping uid 0 takes a dropped capability)."""
     LIBC.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))  # the root's loss ends it
     uid, gid = os.geteuid(), os.getegid()
     if uid == 0 or LIBC.unshare(USER | PID) != 0:
@@ -77,7 +75,8 @@ def template() -> int | None:
         os.waitpid(pid, 0)
         os._exit(0)
     LIBC.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
-    return os.open("/proc/self/ns/pid", os.O_RDONLY)
+    numbering = os.open("/proc/self/ns/pid", os.O_RDONLY)
+    return numbering if works(numbering) else None
 
 
 def fork(numbering: int | None) -> int:
@@ -147,10 +146,9 @@ def works(numbering: int) -> bool:
     the template's. Where the kernel grants user namespaces but not their mounts (some
     distributions' AppArmor), workers are plain forked processes instead."""
     if (pid := fork(numbering)) == 0:
-        try:
+        with contextlib.suppress(BaseException):  # any failure means: not here
             os._exit(0 if world() is None and powerless() is None else 1)
-        except BaseException:  # noqa: BLE001 -- any failure means: not here
-            os._exit(1)
+        os._exit(1)
     return os.waitpid(pid, 0)[1] == 0
 
 

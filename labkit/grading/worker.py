@@ -2,12 +2,11 @@
 
 The judge (:mod:`labkit.grading.judge`) starts ``python worker.py`` inside bubblewrap and talks
 to it over fds 3 (in) and 4 (out) with :mod:`labkit.grading.wire`. The worker runs the
-notebook's cells. Then, for each worker of a schedule (A, its rival B, a successor), a process
-of its own is forked from the notebook's state (by a template forked after the cells ran): the
-judge passes its channel (one end of a socket pair) over fd 5. That process keeps no other
-descriptor and no shared memory, and has namespaces of its own (:mod:`labkit.grading.alone`),
-so it speaks only on its own channel and shares nothing with the others but the database. A
-crash is a real SIGKILL.
+notebook's cells. Then, for each worker of a schedule (A, its rival B, a successor), a template
+forked after the cells ran forks a process of its own: the judge passes its channel (one end of
+a socket pair) over fd 5. That process keeps no other descriptor and no shared memory, and has
+namespaces of its own (:mod:`labkit.grading.alone`), so it speaks only on its own channel and
+shares nothing with the others but the database. A crash is a real SIGKILL.
 Every object the judge hands the answer stays in the judge: the answer gets a proxy, and each
 use of it (an SQL statement, a clock read, a callback, an RNG draw) is a request.
 """
@@ -64,7 +63,9 @@ class _Worker(Peer):
         finally:
             if os.getpid() != me:  # a copy the cell forked: it must not read the channel
                 os._exit(0)
-            _reap()
+            with contextlib.suppress(ChildProcessError):  # the children it left (they would
+                while os.waitpid(-1, os.WNOHANG)[0]:  # count against the process limit)
+                    pass
         return None
 
     def main(self) -> int | None:
@@ -107,8 +108,6 @@ class _Worker(Peer):
         alone.keep_only(hand)
         alone.private_memory()
         self.numbering = alone.template()
-        if self.numbering is not None and not alone.works(self.numbering):
-            self.numbering = None
         root, workers, kill = socket.socket(fileno=hand), {}, alone.kill
         while True:
             data, fds, _, _ = socket.recv_fds(root, 1 << 10, 1)
@@ -200,15 +199,6 @@ class ProxyConnection(sqlite3.Connection):
         self._ask("setattr", "isolation_level", value)
 
 
-def _reap() -> None:
-    """Collect the children a cell left (they would count against the process limit)."""
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0]:
-            pass
-    except ChildProcessError:
-        pass
-
-
 def _connection(peer: Peer, ident) -> ProxyConnection:
     conn = sqlite3.connect(":memory:", factory=ProxyConnection, check_same_thread=False)
     conn._labkit_peer, conn._labkit_id = peer, ident
@@ -267,11 +257,9 @@ class ProxyCursor:
 
 if __name__ == "__main__":
     wire.SANDBOX = True
-    try:  # sqlite-utils looks for its plugins once here, not in each schedule's child (20-200 ms)
+    with contextlib.suppress(ImportError):  # sqlite-utils' plugins, looked for once (20-200 ms)
         from sqlite_utils.plugins import ensure_plugins_loaded
-    except ImportError:  # a Python without sqlite-utils: the answer is lent no Database
-        pass
-    else:
+
         ensure_plugins_loaded()
 
     worker = _Worker(Channel(3, 4))
