@@ -146,6 +146,18 @@ def test_nothing_the_cells_left_joins_two_workers(box):
     assert "main" not in seen[0]["frames"] and seen[0]["marks"] <= 1
 
 
+def test_a_cell_run_after_a_schedule_is_in_every_worker_of_the_next_one(box):
+    """Workers are forked from the cells' state as it is when their schedule starts (not as it
+    was at an earlier schedule's): a cell run in between (a later answer, a name rebound) is
+    in A and B of the next schedule."""
+    with lab.scratch() as tmp, box.answer("who", ()) as who:
+        assert who(tmp.open().conn, "before")[1] == ["before"]
+    assert box.cell("def who(conn, tag=''):\n    return ['new', tag]", 2) is None
+    with lab.scratch() as tmp, box.answer("who", ()) as who:
+        a, b = who(tmp.open().conn, "A"), who(tmp.open().conn, "B")
+    assert [a, b] == [["new", "A"], ["new", "B"]]
+
+
 def test_a_crash_kills_the_process_and_the_successor_remembers_nothing(box):
     """A worker that dies at a statement gets no reply, no more requests served (the judge's
     object it calls after catching the error is never reached), and its call raises Killed in
