@@ -60,44 +60,55 @@ def private_memory() -> None:
 
 
 def template() -> int | None:
-    """Enter user and pid namespaces (the uid mapped), fork the template (pid 1 there; it dies
-    with this process) and return there a descriptor of its numbering; None where a worker can
-    have no world of its own (:func:`works`; as root, mapping uid 0 takes a dropped capability)."""
+    """Enter user and pid namespaces, fork the template (pid 1 there, dying with this process)
+    and return there a descriptor of its numbering; None where a worker can have no world (as
+    root; where AppArmor grants user namespaces but not their mounts): plain forks, then."""
     LIBC.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))  # the root's loss ends it
-    uid, gid = os.geteuid(), os.getegid()
-    if uid == 0 or LIBC.unshare(USER | PID) != 0:
+    if not _enter(PID):
         return None
-    maps = (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1"))
-    for name, line in maps:
-        with open(f"/proc/self/{name}", "w") as f:
-            f.write(line)
     if pid := os.fork():
         os.waitpid(pid, 0)
         os._exit(0)
     LIBC.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
     numbering = os.open("/proc/self/ns/pid", os.O_RDONLY)
-    return numbering if works(numbering) else None
+    if (pid := fork(numbering)) == 0:  # a throwaway worker: can it have a world of its own?
+        with contextlib.suppress(BaseException):  # any failure means: not here
+            os._exit(0 if world() is None and powerless() is None else 1)
+        os._exit(1)
+    return numbering if os.waitpid(pid, 0)[1] == 0 else None
 
 
-def fork(numbering: int | None) -> int:
+def fork(numbering: int | None, *, _fork=os.fork) -> int:
     """Fork a worker from the template: pid 1 of a numbering of its own under ``numbering``
     (the template's, which it returns to: its next worker's is new again); None: a plain fork."""
     if numbering is not None and LIBC.unshare(PID) != 0:
         raise OSError(ctypes.get_errno(), "a pid namespace for the worker")
-    pid = os.fork()
+    pid = _fork()  # os's, as it was before any cell ran
     if pid and numbering is not None and LIBC.setns(numbering, PID) != 0:
         raise OSError(ctypes.get_errno(), "back to the template's pid namespace")
     return pid
 
 
 def world() -> None:
-    """A worker's own mount, IPC and network namespaces, its /tmp, an empty /proc and /dev/shm."""
-    if LIBC.unshare(MOUNT | IPC | NET) != 0:
+    """A worker's own user (keyrings), mount, IPC, network namespaces, /tmp, empty /proc, /dev/shm."""
+    if not _enter(MOUNT | IPC | NET):
         raise OSError(ctypes.get_errno(), "namespaces for the worker")
     _own_tmp()
     for place in ("/proc", "/dev/shm"):
         if os.path.isdir(place):
             _mount(place, "size=4k,mode=555")
+
+
+def _enter(namespaces: int) -> bool:
+    """Unshare a user namespace (the uid and gid mapped to themselves) and ``namespaces``."""
+    uid, gid = os.geteuid(), os.getegid()
+    if uid == 0 or LIBC.unshare(USER | namespaces) != 0:
+        return False
+    maps = (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1"))
+    for name, line in maps:
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(line)
+    return True
 
 
 def _own_tmp() -> None:
@@ -139,17 +150,6 @@ def powerless() -> None:
     header, nothing = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()
     if LIBC.capset(header, nothing) != 0:
         raise OSError(ctypes.get_errno(), "drop the capabilities")
-
-
-def works(numbering: int) -> bool:
-    """Whether a worker can have a world of its own here, tried once in a throwaway worker of
-    the template's. Where the kernel grants user namespaces but not their mounts (some
-    distributions' AppArmor), workers are plain forked processes instead."""
-    if (pid := fork(numbering)) == 0:
-        with contextlib.suppress(BaseException):  # any failure means: not here
-            os._exit(0 if world() is None and powerless() is None else 1)
-        os._exit(1)
-    return os.waitpid(pid, 0)[1] == 0
 
 
 def _mount(place: str, options: str) -> None:

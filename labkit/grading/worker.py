@@ -70,15 +70,15 @@ class _Worker(Peer):
 
     def main(self) -> int | None:
         """Run the cells; pass each schedule's fork, kill and end to the template its workers are
-        forked from (forked after the cells ran). None at quit; in the template, its socket."""
-        # what forks and kills, taken before any cell runs (a cell may rebind names)
-        door, fork, kill, template = socket.socket(fileno=5), os.fork, alone.kill, None
+        forked from (after the cells ran, by os's fork and alone's kill as they were before any
+        cell ran: a cell may rebind names). None at quit; in the template, its socket."""
+        door, fork, self.kill, template = socket.socket(fileno=5), os.fork, alone.kill, None
         while True:
             message = self.channel.recv()
             op = message["op"]
             if op == "cell":
                 if template:  # forked from the state before this cell: it and its workers go
-                    template[1].close(), kill(template[0])
+                    template[1].close(), self.kill(template[0])
                 template = None
                 error = self.run_cell(message["source"], message["number"])
                 self.channel.send({"op": "ran", "error": error})
@@ -108,7 +108,7 @@ class _Worker(Peer):
         alone.keep_only(hand)
         alone.private_memory()
         self.numbering = alone.template()
-        root, workers, kill = socket.socket(fileno=hand), {}, alone.kill
+        root, workers = socket.socket(fileno=hand), {}
         while True:
             data, fds, _, _ = socket.recv_fds(root, 1 << 10, 1)
             if not data:  # the root went, or forked a new template
@@ -122,7 +122,7 @@ class _Worker(Peer):
             else:  # a crash (once, if ever: the process dies at once) or the end (all go)
                 for number in [number] if number is not None else list(workers):
                     if pid := workers.pop(number, None):
-                        kill(pid)
+                        self.kill(pid)
                 root.send(b".")
 
     def child(self, fd: int, seed) -> None:
