@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 STARTS = re.compile(
     r"subprocess\.|Popen|Team\(|Cluster\(|Throwaway|PostgresServer|pg_server|redis_pair|"
     r"Sandbox\(|\bjudged[,(]|judge\.\w+\(|_judge\(|chromium|playwright|labkit\.chaos|os\.fork|"
-    r"os\.kill"
+    r"os\.kill|LabServer"
 )
 MANDATORY = ("BROWSER", "POSTGRES", "ENGINES", "SANDBOX")  # no test may skip for want of one
 
