@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from polling import wait_for
 
 from tests import engines
 
@@ -73,6 +74,15 @@ class Attack:
         self.stop = threading.Event()
         threading.Timer(seconds, self.stop.set).start()
 
+    def connection(self):
+        """A connection of eve's own, once the backends of her closed ones have exited:
+        PostgreSQL counts a closing backend against her limit (2: one is her worker's) until
+        it is gone, so a connection opened right after another closed was sometimes refused."""
+        sql = "SELECT count(*) FROM pg_stat_activity WHERE usename = $1"
+        role = f"student_{self.eve.name}"
+        wait_for(lambda: self.room.conn.execute(sql, (role,)).fetchone()[0] < 2, "a free slot")
+        return connect(self.eve)
+
     def win(self, call=None) -> int:
         """Loop until eve holds the lease (through ``call``, by default her own connection)."""
         while True:
@@ -128,7 +138,7 @@ def hold(attack: Attack, statements) -> int:
     ended = 0
     while not attack.stop.is_set():
         try:
-            with connect(attack.eve) as conn:
+            with attack.connection() as conn:
                 statements(conn)
                 while not attack.stop.wait(0.05):
                     conn.execute("SELECT 1")  # still alive: nobody ended it yet
@@ -175,12 +185,12 @@ def test_a_write_next_to_a_long_statement_is_refused_or_ended(room_server):
     attack = Attack(room_server)
     generation = attack.win()
     eve = [attack.eve.name, attack.eve.secret, generation]
-    with connect(attack.eve) as conn:
+    with attack.connection() as conn:
         assert sqlstate(conn, "SELECT labkit.write(%s, %s, %s), pg_sleep(15)", eve) == "42501"
     busy = """WITH w AS MATERIALIZED (SELECT labkit.write(%s, %s, %s) AS ok)
         SELECT (SELECT count(*) FROM pg_attribute a, pg_attribute b, pg_attribute c
                 WHERE w.ok IS NOT NULL) FROM w"""
-    with connect(attack.eve) as conn, pytest.raises(psycopg.OperationalError, match="terminat"):
+    with attack.connection() as conn, pytest.raises(psycopg.OperationalError, match="terminat"):
         conn.execute(busy, eve)
     assert attack.killed() >= 1
     bounded(attack)
@@ -203,7 +213,7 @@ def test_renewing_forever_is_capped(room_server):
 def test_advisory_locks_large_objects_and_sleep_are_refused(room_server):
     """Every advisory lock function, pg_sleep, pg_notify, large objects: permission denied."""
     attack = Attack(room_server, REFUSED)
-    with connect(attack.eve) as conn:
+    with attack.connection() as conn:
         functions = conn.execute(
             "SELECT p.oid::regprocedure::text, pg_get_function_identity_arguments(p.oid) "
             "FROM pg_proc p WHERE p.proname ~ '^(pg_(try_)?advisory|pg_sleep|pg_notify|lo_)' "
@@ -222,7 +232,7 @@ def test_advisory_locks_large_objects_and_sleep_are_refused(room_server):
 def test_temp_files_are_limited_and_the_limit_is_not_the_students(room_server):
     """A sort spilling to disk stops at the role's temp_file_limit, which she cannot raise."""
     attack = Attack(room_server, REFUSED)
-    with connect(attack.eve) as conn:
+    with attack.connection() as conn:
         assert conn.execute("SHOW temp_file_limit").fetchone() == ("8MB",)
         assert sqlstate(conn, "SET temp_file_limit = '100GB'") == "42501"
         conn.execute("SET work_mem = '64kB'")
@@ -238,7 +248,7 @@ def test_one_student_cannot_take_every_connection(room_server):
     import psycopg
 
     attack = Attack(room_server, REFUSED)
-    opened = [connect(attack.eve)]  # and her worker's connection: two
+    opened = [attack.connection()]  # and her worker's connection: two
     with pytest.raises(psycopg.OperationalError, match="too many connections"):
         opened.append(connect(attack.eve))
     with opened[0] as conn:
@@ -296,7 +306,7 @@ def test_reset_ends_an_open_transaction_first(room_server):
 
     attack = Attack(room_server)
     generation = attack.win()
-    room_conn, conn = psycopg.connect(attack.url, autocommit=True), connect(attack.eve)
+    room_conn, conn = psycopg.connect(attack.url, autocommit=True), attack.connection()
     try:
         room_conn.execute("BEGIN")
         room_conn.execute("SELECT * FROM labkit.register('gus')")
