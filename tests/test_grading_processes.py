@@ -57,12 +57,6 @@ def shared(conn):
         pass
     marks = [n for n in os.listdir("/tmp/.labkit") if n.startswith("mark-")]
     out["marks"] = len(marks)             # its own, if it could write one: never an earlier one's
-    calls = {"x86_64": (248, 250), "aarch64": (217, 219)}.get(os.uname().machine)
-    if calls:                             # the kernel's keyring of its uid: one key of its own
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.syscall(calls[0], b"user", os.urandom(4).hex().encode(), b"x", 1, -4)  # add_key
-        out["keys"] = libc.syscall(calls[1], 11, -4, None, 0)  # keyctl READ: 4 bytes a key
     return out
 
 def signs(conn):
@@ -140,9 +134,8 @@ def test_no_schedule_and_no_worker_can_be_told_apart_from_inside(box):
 
 
 def test_nothing_the_cells_left_joins_two_workers(box):
-    """A pipe the cells opened, memory they mapped shared, the root's own frames and messages,
-    the kernel's keyring of their uid: none reaches a worker, so A, B and a successor see the
-    same, schedule after schedule."""
+    """A pipe the cells opened, memory they mapped shared, the root's own frames and messages:
+    none reaches a worker, so A, B and a successor see the same, schedule after schedule."""
     seen = []
     for _ in range(2):
         with lab.scratch() as tmp, box.answer("shared", ()) as shared:
@@ -151,18 +144,6 @@ def test_nothing_the_cells_left_joins_two_workers(box):
     assert seen[0]["pipe"] == "OSError" and seen[0]["memory"] == 1  # closed; its own copy
     assert "worker" not in seen[0]["root"] and "seed" not in seen[0]["root"]
     assert "main" not in seen[0]["frames"] and seen[0]["marks"] <= 1
-
-
-def test_a_cell_run_after_a_schedule_is_in_every_worker_of_the_next_one(box):
-    """Workers are forked from the cells' state as it is when their schedule starts (not as it
-    was at an earlier schedule's): a cell run in between (a later answer, a name rebound) is
-    in A and B of the next schedule."""
-    with lab.scratch() as tmp, box.answer("who", ()) as who:
-        assert who(tmp.open().conn, "before")[1] == ["before"]
-    assert box.cell("def who(conn, tag=''):\n    return ['new', tag]", 2) is None
-    with lab.scratch() as tmp, box.answer("who", ()) as who:
-        a, b = who(tmp.open().conn, "A"), who(tmp.open().conn, "B")
-    assert [a, b] == [["new", "A"], ["new", "B"]]
 
 
 def test_a_crash_kills_the_process_and_the_successor_remembers_nothing(box):

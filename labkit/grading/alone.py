@@ -1,12 +1,12 @@
 """A worker's world of its own: what each of a schedule's processes is given in the sandbox.
 
-:mod:`labkit.grading.worker` forks a template after the cells ran: it keeps only its socket
-to the root (every other descriptor the cells opened is closed), turns each shared writable
-mapping into a private copy, and is pid 1 of user and pid namespaces of its own. Each worker
-of a schedule is forked from it, pid 1 of a numbering of its own; it keeps only its channel,
-and has mount, IPC and network namespaces of its own, a fresh /tmp (what the cells left there,
-and the sandbox's read-only places bound again), an empty /proc and /dev/shm, no capability.
-So no two workers share anything but the database, and no schedule can be counted from inside.
+:mod:`labkit.grading.worker` forks a process per worker of a schedule from the notebook's
+state. Before it serves the judge, that process keeps only its own channel (every other file
+descriptor the cells opened is closed), turns every shared writable mapping into a private
+copy, and enters user, pid, mount, IPC and network namespaces of its own: its child is pid 1
+of a numbering of its own, with a fresh /tmp (what the cells left there, and the sandbox's
+read-only places bound again), an empty /proc and /dev/shm, and no capability. So no two
+workers share anything but the database, and no schedule can be counted from inside.
 
 Hand-written on ctypes: Python 3.11 has no ``os.unshare`` and no mount, and no library for
 them would be in the sandbox. Like :mod:`labkit.grading.wire`, this module imports nothing of
@@ -15,7 +15,6 @@ labkit's: the sandbox sees it and no check.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import shutil
@@ -27,16 +26,18 @@ LIBC.mmap.restype, LIBC.mmap.argtypes = (
     ctypes.c_void_p,
     [ctypes.c_void_p, ctypes.c_size_t] + [ctypes.c_int] * 3 + [ctypes.c_long],
 )
-MOUNT, USER, PID, IPC, NET = 0x20000, 0x10000000, 0x20000000, 0x8000000, 0x40000000
+NAMESPACES = 0x20000 | 0x10000000 | 0x20000000 | 0x8000000 | 0x40000000  # mount user pid ipc net
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, MS_BIND_REC = 1, 24, 4096 | 16384
 PRIVATE_FIXED = 0x02 | 0x20 | 0x10  # MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED
 
 
 def kill(pid: int, *, _kill=os.kill, _wait=os.waitpid) -> None:
     """SIGKILL ``pid`` and reap it (os's functions as they were before any cell ran)."""
-    with contextlib.suppress(ProcessLookupError, ChildProcessError):
+    try:
         _kill(pid, signal.SIGKILL)
         _wait(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
 
 
 def keep_only(fd: int) -> None:
@@ -59,55 +60,21 @@ def private_memory() -> None:
         ctypes.memmove(start, data, end - start)
 
 
-def template() -> int | None:
-    """Enter user and pid namespaces, fork the template (pid 1 there, dying with this process)
-    and return there a descriptor of its numbering; None where a worker can have no world (as
-    root; where AppArmor grants user namespaces but not their mounts): plain forks, then."""
-    LIBC.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))  # the root's loss ends it
-    if not _enter(PID):
-        return None
-    if pid := os.fork():
-        os.waitpid(pid, 0)
-        os._exit(0)
-    LIBC.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
-    numbering = os.open("/proc/self/ns/pid", os.O_RDONLY)
-    if (pid := fork(numbering)) == 0:  # a throwaway worker: can it have a world of its own?
-        with contextlib.suppress(BaseException):  # any failure means: not here
-            os._exit(0 if world() is None and powerless() is None else 1)
-        os._exit(1)
-    return numbering if os.waitpid(pid, 0)[1] == 0 else None
-
-
-def fork(numbering: int | None, *, _fork=os.fork) -> int:
-    """Fork a worker from the template: pid 1 of a numbering of its own under ``numbering``
-    (the template's, which it returns to: its next worker's is new again); None: a plain fork."""
-    if numbering is not None and LIBC.unshare(PID) != 0:
-        raise OSError(ctypes.get_errno(), "a pid namespace for the worker")
-    pid = _fork()  # os's, as it was before any cell ran
-    if pid and numbering is not None and LIBC.setns(numbering, PID) != 0:
-        raise OSError(ctypes.get_errno(), "back to the template's pid namespace")
-    return pid
-
-
-def world() -> None:
-    """A worker's own user (keyrings), mount, IPC, network namespaces, /tmp, empty /proc, /dev/shm."""
-    if not _enter(MOUNT | IPC | NET):
-        raise OSError(ctypes.get_errno(), "namespaces for the worker")
-    _own_tmp()
-    for place in ("/proc", "/dev/shm"):
-        if os.path.isdir(place):
-            _mount(place, "size=4k,mode=555")
-
-
-def _enter(namespaces: int) -> bool:
-    """Unshare a user namespace (the uid and gid mapped to themselves) and ``namespaces``."""
+def alone() -> bool:
+    """Enter namespaces of its own, map its uid, and give it its /tmp, /proc and /dev/shm;
+    False where no user namespace can be had (as root: mapping uid 0 takes a capability the
+    sandbox dropped). Its next child is pid 1 of the new numbering."""
     uid, gid = os.geteuid(), os.getegid()
-    if uid == 0 or LIBC.unshare(USER | namespaces) != 0:
+    if uid == 0 or LIBC.unshare(NAMESPACES) != 0:
         return False
     maps = (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1"))
     for name, line in maps:
         with open(f"/proc/self/{name}", "w") as f:
             f.write(line)
+    _own_tmp()
+    for place in ("/proc", "/dev/shm"):
+        if os.path.isdir(place):
+            _mount(place, "size=4k,mode=555")
     return True
 
 
@@ -150,6 +117,19 @@ def powerless() -> None:
     header, nothing = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()
     if LIBC.capset(header, nothing) != 0:
         raise OSError(ctypes.get_errno(), "drop the capabilities")
+
+
+def works() -> bool:
+    """Whether a worker's process can have a world of its own here, tried once in a throwaway
+    child before any cell runs. Where the kernel grants user namespaces but not their mounts
+    (some distributions' AppArmor), workers are plain forked processes instead."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os._exit(0 if alone() and powerless() is None else 1)
+        except BaseException:  # noqa: BLE001 -- any failure means: not here
+            os._exit(1)
+    return os.waitpid(pid, 0)[1] == 0
 
 
 def _mount(place: str, options: str) -> None:

@@ -2,19 +2,17 @@
 
 The judge (:mod:`labkit.grading.judge`) starts ``python worker.py`` inside bubblewrap and talks
 to it over fds 3 (in) and 4 (out) with :mod:`labkit.grading.wire`. The worker runs the
-notebook's cells. Then, for each worker of a schedule (A, its rival B, a successor), a template
-forked after the cells ran forks a process of its own: the judge passes its channel (one end of
-a socket pair) over fd 5. That process keeps no other descriptor and no shared memory, and has
-namespaces of its own (:mod:`labkit.grading.alone`), so it speaks only on its own channel and
-shares nothing with the others but the database. A crash is a real SIGKILL.
+notebook's cells. Then, for each worker of a schedule (A, its rival B, a successor), it forks
+a process of its own from the notebook's state: the judge passes that process's channel (one
+end of a socket pair) over fd 5. That process keeps no other descriptor and no shared memory,
+and has namespaces of its own (:mod:`labkit.grading.alone`), so it speaks only on its own
+channel and shares nothing with the others but the database. A crash is a real SIGKILL.
 Every object the judge hands the answer stays in the judge: the answer gets a proxy, and each
 use of it (an SQL statement, a clock read, a callback, an RNG draw) is a request.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import random
 import socket
@@ -63,75 +61,48 @@ class _Worker(Peer):
         finally:
             if os.getpid() != me:  # a copy the cell forked: it must not read the channel
                 os._exit(0)
-            with contextlib.suppress(ChildProcessError):  # the children it left (they would
-                while os.waitpid(-1, os.WNOHANG)[0]:  # count against the process limit)
-                    pass
+            _reap()
         return None
 
-    def main(self) -> int | None:
-        """Run the cells; pass each schedule's fork, kill and end to the template its workers are
-        forked from (after the cells ran, by os's fork and alone's kill as they were before any
-        cell ran: a cell may rebind names). None at quit; in the template, its socket."""
-        door, fork, self.kill, template = socket.socket(fileno=5), os.fork, alone.kill, None
+    def main(self) -> None:
+        # what forks and kills the workers, taken before any cell runs (a cell may rebind names)
+        door, workers, fork, kill = socket.socket(fileno=5), {}, os.fork, alone.kill
+        self.alone = alone.works()
         while True:
             message = self.channel.recv()
             op = message["op"]
             if op == "cell":
-                if template:  # forked from the state before this cell: it and its workers go
-                    template[1].close(), self.kill(template[0])
-                template = None
                 error = self.run_cell(message["source"], message["number"])
                 self.channel.send({"op": "ran", "error": error})
             elif op == "fork":
                 _, (fd,), _, _ = socket.recv_fds(door, 1, 1)
-                if template is None:
-                    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-                    if (pid := fork()) == 0:
-                        return theirs.detach()
-                    template = pid, ours
-                    theirs.close()
-                told = json.dumps([message["worker"], message.get("seed")]).encode()
-                with contextlib.suppress(OSError):  # a template that died: the judge sees it
-                    socket.send_fds(template[1], [told], [fd])
+                pid = fork()
+                if pid == 0:  # out of these frames: nothing of the root's is left to read
+                    raise _Child(fd, message.get("seed"))
                 os.close(fd)  # a later worker must not inherit this one's channel
-            elif op in ("kill", "end"):  # a crash (a real SIGKILL), or the schedule is over
-                with contextlib.suppress(OSError, TypeError):
-                    template[1].send(json.dumps([message.get("worker")]).encode())
-                    template[1].recv(1)  # done
-                self.channel.send({"op": "killed" if op == "kill" else "done"})
+                workers[message["worker"]] = pid
+            elif op == "kill":  # a crash: the process dies at once, whatever it was doing
+                if pid := workers.pop(message["worker"], None):  # once, if ever
+                    kill(pid)
+                self.channel.send({"op": "killed"})
+            elif op == "end":  # the schedule is over: its processes go
+                for pid in workers.values():
+                    kill(pid)
+                workers.clear()
+                self.channel.send({"op": "done"})
             elif op == "quit":
-                return None
-
-    def template(self, hand: int) -> tuple[int, object]:
-        """Fork, kill (once) and end workers as the root tells on ``hand``, in a world made once
-        per state of the cells (:func:`alone.template`); returns in a worker its channel and seed."""
-        alone.keep_only(hand)
-        alone.private_memory()
-        self.numbering = alone.template()
-        root, workers = socket.socket(fileno=hand), {}
-        while True:
-            data, fds, _, _ = socket.recv_fds(root, 1 << 10, 1)
-            if not data:  # the root went, or forked a new template
-                os._exit(0)
-            number, *seed = json.loads(data)
-            if fds:
-                if (pid := alone.fork(self.numbering)) == 0:
-                    return fds[0], seed[0]
-                os.close(fds[0])
-                workers[number] = pid
-            else:  # a crash (once, if ever: the process dies at once) or the end (all go)
-                for number in [number] if number is not None else list(workers):
-                    if pid := workers.pop(number, None):
-                        self.kill(pid)
-                root.send(b".")
+                return
 
     def child(self, fd: int, seed) -> None:
         """Serve the judge as one worker of a schedule, on ``fd`` only, in a world of its own
         (:mod:`labkit.grading.alone`), its ``random`` seeded with ``seed``."""
         try:
             alone.keep_only(fd)
-            if self.numbering is not None:  # pid 1 of its own numbering
-                alone.world()
+            alone.private_memory()
+            if self.alone and alone.alone():  # the new numbering's parent: it lives as long
+                if inner := os.fork():  # as its child (pid 1), which dies with it (the kill)
+                    os.waitpid(inner, 0)
+                    os._exit(0)
                 alone.powerless()
             random.seed(seed)
             del seed
@@ -145,6 +116,10 @@ class _Worker(Peer):
                 self.channel.send({"op": "answer", "value": value})
         finally:
             os._exit(0)
+
+
+class _Child(BaseException):
+    """Raised in a worker's new process, to leave the root's frames before it serves."""
 
 
 class ProxyConnection(sqlite3.Connection):
@@ -197,6 +172,15 @@ class ProxyConnection(sqlite3.Connection):
     @isolation_level.setter
     def isolation_level(self, value):
         self._ask("setattr", "isolation_level", value)
+
+
+def _reap() -> None:
+    """Collect the children a cell left (they would count against the process limit)."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
 
 
 def _connection(peer: Peer, ident) -> ProxyConnection:
@@ -257,11 +241,17 @@ class ProxyCursor:
 
 if __name__ == "__main__":
     wire.SANDBOX = True
-    with contextlib.suppress(ImportError):  # sqlite-utils' plugins, looked for once (20-200 ms)
+    try:  # sqlite-utils looks for its plugins once here, not in each schedule's child (20-200 ms)
         from sqlite_utils.plugins import ensure_plugins_loaded
-
+    except ImportError:  # a Python without sqlite-utils: the answer is lent no Database
+        pass
+    else:
         ensure_plugins_loaded()
 
     worker = _Worker(Channel(3, 4))
-    if (hand := worker.main()) is not None:  # the template: it returns in a worker
-        worker.child(*worker.template(hand))
+    try:
+        worker.main()
+    except _Child as child:
+        fd, seed = child.args
+        del child
+        worker.child(fd, seed)
