@@ -8,6 +8,7 @@ show that what a check guards against really occurs in its schedules.
 from __future__ import annotations
 
 import contextlib
+import random
 
 import pytest
 
@@ -95,6 +96,29 @@ def test_the_holder_counting_from_arrival_really_acts_after_b_took_over():
     broken, history = _trial("05.2", right, "keep_working", "slow responses: each renewal's answer spends 6-8 s in the network")
     b_at = next((e.time for e in history if e.worker == "B" and e.action == "acquire"), float("inf"))
     assert broken is None and not any(e.worker == "A" and e.action == "write" and e.time >= b_at for e in history)
+
+
+def test_every_05_2_trouble_row_tells_its_story_under_every_seed():
+    """05.2: a hostile row's trouble is the renewals', whatever the run's seed draws (CI once drew
+    an acquisition slow enough that the holder never worked, and a wrong holder scored 10/10):
+    under 100 seeds each row's acquisition leaves most of the lease, and "confirmed too late"
+    catches the holder that checks its deadline only when renewing, every time."""
+    from labkit.grading.checks05b import _HolderWorld
+
+    task, rng = labkit.grading.TASKS["05.2"], random.Random(5_2)
+    wrong = define(CORPUS["05.2"]["wrong"]["checks the deadline only when renewing"][0], "keep_working")
+    late = "confirmed too late: each answer spends 9-11 s in the network"
+    for run in (rng.randrange(2**32) for _ in range(100)):
+        for schedule in (s for s in task.rows(run) if s.name != "random"):
+            with labkit.grading.lab.scratch() as tmp:
+                world = _HolderWorld(tmp.open(), schedule, [])
+                sent = world.start("job")
+            ttl, local = schedule.knobs["ttl"], world.offset + world.rate * world.true.now()
+            assert local - sent < 0.1 * ttl, (run, schedule.name, local - sent)
+        row = next(s for s in task.rows(run) if s.name == late)
+        with pytest.raises(labkit.grading.Broken) as broken:
+            task.trial(wrong, row, [])
+        assert broken.value.prop == "deadline", (run, broken.value)
 
 
 def test_the_stale_workers_email_really_goes_out_unless_it_is_an_intent():

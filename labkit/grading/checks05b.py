@@ -81,11 +81,13 @@ class _HolderWorld:
         self.unsure = False
 
     def start(self, job: str) -> float:
-        sent = self.now()
-        self._advance(self._draw("request"))
+        """Acquire A's lease; a hostile row's ``acquire`` knob times both legs, so that the
+        trouble it tells of starts with the renewals, whatever the run's seed draws."""
+        sent, legs = self.now(), ("acquire", "acquire") if "acquire" in self.k else ("request", "response")
+        self._advance(self._draw(legs[0]))
         self.lease = self.authority.acquire(job, "A", self.k["ttl"])
         lease_event(self.history, self.true.now(), self.lease)
-        self._advance(self._draw("response"))
+        self._advance(self._draw(legs[1]))
         self._confirm(sent)
         return sent
 
@@ -170,7 +172,7 @@ _QUICK = {
 
 
 def _trouble(name: str, **changes) -> dict:
-    return {"name": name, **_QUICK, **changes, "benign": False}
+    return {"name": name, **_QUICK, "acquire": _QUICK["request"], **changes, "benign": False}
 
 
 HOLDER_HOSTILE = [
