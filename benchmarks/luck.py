@@ -1,9 +1,9 @@
-"""Is a wrong answer caught by design, or by the luck of the run's seed? (goal: 0 misses).
+"""Is a wrong answer caught, and a right one passed, by design or by the seed's luck? (goal: 0 misses).
 
 Each grading run draws its seed from the operating system, and so does every ``make test``
 run of the grade corpus. A wrong answer that only some seeds catch therefore passes now and then,
 in a student's grade and in CI (a 05.2 holder once scored 10/10). This grades every known-wrong
-answer of the test corpus under ``--seeds`` fresh seeds, in-process (the sandbox is not what is
+answer of the test corpus, and every right one, under ``--seeds`` fresh seeds, in-process (the sandbox is not what is
 measured here), and prints, per answer that was missed, how often and under which seeds, so that
 ``replay(task, seed=...)`` shows the run. It exits non-zero if any seed missed any answer.
 
@@ -32,9 +32,12 @@ CORPUS = {**corpus_part1.CORPUS, **corpus_part2.CORPUS}
 
 def misses(task_id: str, label: str, seeds: int) -> list[int]:
     """The seeds, of ``seeds`` drawn ones, under which ``label`` kept a property the corpus says
-    it breaks (or, for an answer that scores nothing, scored something)."""
-    source, _, named = CORPUS[task_id]["wrong"][label]
-    answer = define(source, CORPUS[task_id]["name"])
+    it breaks (or, for an answer that scores nothing, scored something), or a right answer
+    (``label`` of ``"right"``) failed."""
+    entry = CORPUS[task_id]
+    right = label in entry["right"]
+    source, _, named = (entry["right"][label], None, None) if right else entry["wrong"][label]
+    answer = define(source, entry["name"])
     want = set(named) if isinstance(named, tuple) else {named} - {None}
 
     @contextlib.contextmanager
@@ -44,8 +47,14 @@ def misses(task_id: str, label: str, seeds: int) -> list[int]:
     missed = []
     for _ in range(seeds):
         report = verdicts.verdict(task_id, answers, label, run=verdicts.draw_seed())
-        broken = {f.prop for f in report.findings if f.broken} | ({report.problem.prop} if report.problem else set())
-        if not want <= broken or (not want and report.total()[0] > 0):
+        broken = {f.prop for f in report.findings if f.broken} | (
+            {report.problem.prop} if report.problem else set()
+        )
+        if (
+            not report.passed
+            if right
+            else not want <= broken or (not want and report.total()[0] > 0)
+        ):
             missed.append(report.run)
     return missed
 
@@ -55,15 +64,20 @@ def main(argv=None) -> int:
     parser.add_argument("--seeds", type=int, default=10, help="fresh seeds per wrong answer")
     parser.add_argument("--only", action="append", help="only this task (repeatable)")
     args, _ = parser.parse_known_args(argv)
-    cases = [(t, label) for t in sorted(CORPUS) if not args.only or t in args.only for label in CORPUS[t]["wrong"]]
+    tasks = [t for t in sorted(CORPUS) if not args.only or t in args.only]
+    cases = [(t, label) for t in tasks for label in [*CORPUS[t]["right"], *CORPUS[t]["wrong"]]]
     began = time.perf_counter()
-    with concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
+    with concurrent.futures.ProcessPoolExecutor(
+        2, mp_context=multiprocessing.get_context("fork")
+    ) as pool:
         found = list(pool.map(misses, *zip(*cases), [args.seeds] * len(cases)))
     missed = [(case, m) for case, m in zip(cases, found) if m]
     for (task_id, label), runs in missed:
         print(f"  MISSED {task_id} {label!r}: {len(runs)}/{args.seeds} seeds, e.g. {runs[:3]}")
-    print(f"{len(cases)} wrong answers x {args.seeds} seeds: {sum(map(len, found))} misses "
-          f"({len(missed)} answers) in {time.perf_counter() - began:.1f} s")
+    print(
+        f"{len(cases)} answers (right and wrong) x {args.seeds} seeds: {sum(map(len, found))} misses "
+        f"({len(missed)} answers) in {time.perf_counter() - began:.1f} s"
+    )
     return 1 if missed else 0
 
 

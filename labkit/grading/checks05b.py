@@ -83,7 +83,8 @@ class _HolderWorld:
     def start(self, job: str) -> float:
         """Acquire A's lease; a hostile row's ``acquire`` knob times both legs, so that the
         trouble it tells of starts with the renewals, whatever the run's seed draws."""
-        sent, legs = self.now(), ("acquire", "acquire") if "acquire" in self.k else ("request", "response")
+        legs = ("acquire", "acquire") if "acquire" in self.k else ("request", "response")
+        sent = self.now()
         self._advance(self._draw(legs[0]))
         self.lease = self.authority.acquire(job, "A", self.k["ttl"])
         lease_event(self.history, self.true.now(), self.lease)
