@@ -3,8 +3,8 @@
 Each grading run draws its seed from the operating system, and so does every ``make test``
 run of the grade corpus. A wrong answer that only some seeds catch therefore passes now and then,
 in a student's grade and in CI (a 05.2 holder once scored 10/10). This grades every known-wrong
-answer of the test corpus, and every right one, under ``--seeds`` fresh seeds, in-process (the sandbox is not what is
-measured here), and prints, per answer that was missed, how often and under which seeds, so that
+answer of the test corpus, and every right one, under ``--seeds`` fresh seeds, in-process
+(the sandbox is not what is measured here), and prints, per answer that was missed, how often and under which seeds, so that
 ``replay(task, seed=...)`` shows the run. It exits non-zero if any seed missed any answer.
 
 Run: ``make bench`` or ``python benchmarks/luck.py [--seeds 10] [--only 05.2]``.
@@ -31,9 +31,9 @@ CORPUS = {**corpus_part1.CORPUS, **corpus_part2.CORPUS}
 
 
 def misses(task_id: str, label: str, seeds: int) -> list[int]:
-    """The seeds, of ``seeds`` drawn ones, under which ``label`` kept a property the corpus says
-    it breaks (or, for an answer that scores nothing, scored something), or a right answer
-    (``label`` of ``"right"``) failed."""
+    """The seeds, of ``seeds`` drawn ones, under which the corpus test would fail: ``label`` lost
+    points for other properties than those the corpus says it breaks (or, for an answer that
+    scores nothing, scored something), or a right answer failed."""
     entry = CORPUS[task_id]
     right = label in entry["right"]
     source, _, named = (entry["right"][label], None, None) if right else entry["wrong"][label]
@@ -47,14 +47,14 @@ def misses(task_id: str, label: str, seeds: int) -> list[int]:
     missed = []
     for _ in range(seeds):
         report = verdicts.verdict(task_id, answers, label, run=verdicts.draw_seed())
-        broken = {f.prop for f in report.findings if f.broken} | (
-            {report.problem.prop} if report.problem else set()
-        )
-        if (
-            not report.passed
-            if right
-            else not want <= broken or (not want and report.total()[0] > 0)
-        ):
+        lost = {f.prop for f in report.findings if not f.scored}  # as the corpus test reads it
+        if right:
+            miss = not report.passed
+        elif not want:  # a constant scores nothing
+            miss = report.total()[0] > 0
+        else:
+            miss = report.problem is not None or lost != want
+        if miss:
             missed.append(report.run)
     return missed
 

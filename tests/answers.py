@@ -83,11 +83,11 @@ for name in labkit.grading.CHECK_MODULES:
     sys.modules[name].expect = lambda *args, **kwargs: None
 ''',
     "replaces every trial by one that does nothing": '''
-import labkit.grading, labkit.grading.checks02, labkit.grading.writers
+import labkit.grading, labkit.grading.checks02, labkit.grading.fenced
 for t in list(labkit.grading.TASKS.values()):
     labkit.grading.TASKS[t.id] = t.__class__(t.id, t.title, lambda *a: None, t.schedules)
 labkit.grading.checks02.fenced_insert_check = lambda *a: None
-labkit.grading.writers.fenced_trial = lambda *a, **k: None
+labkit.grading.fenced.fenced_trial = lambda *a, **k: None
 ''',
 }
 

@@ -41,21 +41,24 @@ def test_the_lock_really_keeps_b_out_while_a_is_inside():
 
 def test_a_crash_replays_as_the_crashed_write():
     """02.1 that keeps the fence raised after a real full disk: the replay of the crash schedule draws
-    B's crashed write, then the raise it kept, not an empty timeline."""
+    A's refused stale write, B's crashed write, then the raise it kept, not an empty timeline."""
     from labkit.views.scene import lanes_of
 
     entry = CORPUS["02.1"]
     wrong = define(entry["wrong"]["on an error, keeps the fence raised (commits the raise alone), then re-raises"][0],
                    entry["name"])
     result = labkit.grading.replayed("02.1", wrong, seed=6)
-    assert [(e.worker, e.action, e.outcome) for e in result.history][:2] == [("B", "write", "crashed"),
-                                                                             ("B", "raise", "ok")]
+    assert [(e.worker, e.action, e.outcome) for e in result.history][:3] == [
+        ("A", "write", "rejected"),  # the row's stale write first: refused, it never meets the full disk
+        ("B", "write", "crashed"),
+        ("B", "raise", "ok"),
+    ]
     assert lanes_of(result.history, 14) and "a crash leaves neither" in result.verdict
     from matplotlib.figure import Figure
 
     ax = Figure().add_subplot()  # the drawing the failure's replay line makes, which returns None
     assert labkit.grading.replay("02.1", wrong, seed=6, ax=ax) is None
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["B", "A", "fence"] and ax.collections
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["A", "B", "fence"] and ax.collections
     ax.figure.clf()
 
 

@@ -1,6 +1,6 @@
 """Grading checks of exercise 02 (registered in :mod:`labkit.grading`).
 
-* 02.1 the fenced insert: run by :func:`labkit.grading.writers.fenced_trial`.
+* 02.1 the fenced insert: run by :func:`labkit.grading.fenced.fenced_trial`.
 * 02.2 one charge per operation key: every call is judged against the rows it
   left (the fence decides first, then the key); the runner's repeat arrives on a
   second connection just before the first attempt's n-th SQL statement.
@@ -14,7 +14,8 @@ import re
 
 from labkit.grading.diskfull import disk_full, is_full, long_id, short
 from labkit.grading.lab import busy, call, held_open, shown
-from labkit.grading.writers import FENCED_HOSTILE, JOB, OTHER, fenced_trial, generation_of, lab
+from labkit.grading.fenced import FENCED_HOSTILE, fenced_trial
+from labkit.grading.writers import JOB, OTHER, generation_of, lab
 from labkit.grading.writers import ENDS, locked_out
 from labkit.db import execute
 from labkit.grading import BOOL, NONE, Schedule, expect_all, hostile, task
@@ -211,7 +212,7 @@ _RACE = "the repeat arrives just before the first attempt's statement {}"
 ONCE_HOSTILE = hostile(
     "story at each",
     ("the runner repeats a charge twice (same key, generation 8)", "repeat"),
-    ("a stale charge is refused and leaves its key free for the owner", "stale"),
+    ("a stale repeat and a stale charge are refused; the key stays free for the owner", "stale"),
     ("a crash inside the transaction, then the retry", "crash"),
     *((_RACE.format(n), "race", n) for n in range(1, 6)),
     (_RACE.format(6) + ", and each later one it reaches", "race", 6, "at"),
@@ -242,7 +243,9 @@ def charge_once_check(answer, schedule: Schedule, history: list) -> None:
             for _ in range(3):
                 c.solo("B", first)
         elif story == "stale":
-            c.solo("B", req(8))
+            first = req(8)
+            c.solo("B", first)
+            c.solo("A", first[:4] + (7,))  # a stale repeat of a finished charge: None, not its id
             stale = req(7)
             c.solo("A", stale)
             c.solo("B", stale[:4] + (8,))

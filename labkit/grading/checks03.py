@@ -1,7 +1,7 @@
 """Grading checks of exercise 03 (registered in :mod:`labkit.grading`).
 
 * 03.1 the race-free batch writer: all invoices or none, run by
-  :func:`labkit.grading.writers.fenced_trial` with batches.
+  :func:`labkit.grading.fenced.fenced_trial` with batches.
 * 03.2 the two-database quiz: the answer key (in ``solutions/keys.json``), with a hint per
   wrong answer.
 * 03.3 protect a new resource: ``payouts``, whose writers bypass ``Fence.guard`` with raw SQL
@@ -18,7 +18,7 @@ from labkit.db import execute
 from labkit.errors import LabkitError, StaleGeneration
 from labkit.fence import Fence, show, token
 from labkit.grading.lab import TRIGGERS, lease_event, scratch
-from labkit.grading.writers import FENCED_HOSTILE, fenced_trial
+from labkit.grading.fenced import FENCED_HOSTILE, fenced_trial
 from labkit.grading import BOOL, NONE, Schedule, expect, hostile, keys, task
 from labkit.lease import LeaseAuthority
 from labkit.sim.history import Event

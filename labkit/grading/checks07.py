@@ -44,7 +44,8 @@ SWEEP_HOSTILE = hostile(
 )
 
 
-_MIX = ["stale", "stale", "fresh", "done", "queued"]  # the kinds of the claims beyond four
+_KINDS = ["stale", "fresh", "done", "queued", "stale"]  # five jobs or more: two old ones
+_MIX = ["stale", "stale", "fresh", "done", "queued"]  # the kinds of the claims beyond those
 _WHAT = {"fresh": "recently updated by its owner", "done": "finished", "queued": "already queued"}
 
 
@@ -95,8 +96,8 @@ def sweep_check(answer, schedule: Schedule, history: list) -> None:
         db, other = tmp.open(), tmp.open()
         clock = VirtualClock(rng.uniform(1000, 5000))
         claims = Claims(other, clock)
-        kinds = ["stale", "fresh", "done", "queued"] if k["jobs"] >= 4 else ["stale"] * 2 + ["done"]
-        kinds += [rng.choice(_MIX) for _ in range(k["jobs"] - 4)]
+        kinds = _KINDS[: k["jobs"]] if k["jobs"] >= 4 else ["stale"] * 2 + ["done"]
+        kinds += [rng.choice(_MIX) for _ in range(k["jobs"] - len(kinds))]
         rng.shuffle(kinds)
         jobs = [f"run-{rng.randrange(10_000)}-{i}" for i in range(len(kinds))]
         for i, (job, kind) in enumerate(zip(jobs, kinds)):  # the old ones first, at old times

@@ -30,6 +30,7 @@ __all__ += ["tasks_loaded", "PROBLEMS", "CHECK_MODULES", "BOUNDARIES", "schedule
 CHECK_MODULES = (
     "labkit.grading.lab",
     "labkit.grading.writers",
+    "labkit.grading.fenced",
     *(f"labkit.grading.checks{lesson:02}" for lesson in range(1, 10)),
     *(f"labkit.grading.checks{part}" for part in ("04b", "05b", "06b", "07b")),
 )

@@ -1,8 +1,8 @@
 """The fenced writers' laboratory, shared by tasks 02.1, 02.2 and 03.1.
 
-:func:`fenced_trial` runs a fenced writer (one invoice for 02.1, a batch for 03.1) through
-one schedule: each call is logged (a replay draws it), then judged against a model of an
-accepted or refused write (rows left, result, fence raised first; no SQL, no evidence). B acts
+:class:`Writers` runs a fenced writer's calls (one invoice for 02.1, a batch for 03.1) as the
+stories of :mod:`labkit.grading.fenced` tell them: each call is logged (a replay draws it),
+then judged against a model of an accepted or refused write (rows left, result, fence raised first; no SQL, no evidence). B acts
 before A's n-th statement; if A holds the lock, B gets "database is locked" and retries after.
 """
 
@@ -15,7 +15,7 @@ import re
 from labkit.grading.diskfull import disk_full, is_full, long_id, short
 from labkit.grading.lab import Tracer, busy, call, held_open, is_bool, scratch, shown
 from labkit.db import execute
-from labkit.grading import Schedule, expect_all, hostile
+from labkit.grading import expect_all
 from labkit.sim.history import Event
 
 JOB, OTHER = "invoice-run", "payroll-run"
@@ -57,7 +57,8 @@ def lab(rng: Random, story: str):
         observer = tmp.open()
         for sql in SETUP:
             execute(observer, sql)
-        start = {JOB: 7 if story != "random" else rng.randint(1, 40), OTHER: rng.randint(1, 60)}
+        start = {JOB: 7 if story != "random" else rng.randint(1, 40)}
+        start[OTHER] = rng.randint(20 if story == "elsewhere" else 1, 60)  # above JOB's, there
         for job, g in start.items():
             sql = "INSERT INTO job_fence(job_id, epoch, generation) VALUES (?, 0, ?)"
             execute(observer, sql, (job, g))
@@ -146,7 +147,7 @@ def locked_out(db) -> bool:
     return False
 
 
-class _Writers:
+class Writers:
     """Runs a fenced-writer answer against the model of what an accepted or refused write does."""
 
     def __init__(self, answer, batch: bool, db, conns, history: list) -> None:
@@ -269,79 +270,3 @@ class _Writers:
             return self.judge("A", job, a_gen, a_inv, s_b, ran_a, s_a)
         if mid == (_after(s0, job, a_gen, a_inv) or mid):  # B saw half a call: all or nothing
             self.judge("A", job, a_gen, a_inv, s0, ran_a, mid)  # broke, and A is not judged again
-
-
-def _invoices(rng: Random, fresh: list, batch: bool, known: list) -> dict:
-    count = rng.randint(1, 4) if batch else 1
-    out = {}
-    while len(out) < count:
-        if known and rng.random() < 0.35:
-            name = rng.choice(known)
-        else:
-            fresh[0] += 1
-            name = f"INV-{fresh[0]}"
-            known.append(name)
-        out[name] = rng.randrange(100, 990, 5)
-    return out
-
-
-def fenced_trial(answer, schedule: Schedule, history: list, batch: bool) -> None:
-    """Run a fenced writer through one schedule of :data:`FENCED_HOSTILE` (or a random one).
-
-    The answer is ``answer(conn, job, invoice_id, amount, generation)`` (02.1) or, with
-    ``batch``, ``answer(conn, job, generation, invoices)`` (03.1). Raises Broken.
-    """
-    rng, story = schedule.rng, schedule.knobs["story"]
-    with lab(rng, story) as (db, conns, start):
-        w, fresh, known = _Writers(answer, batch, db, conns, history), [0], []
-
-        def inv():
-            return _invoices(rng, fresh, batch, known)
-
-        if story == "lesson":  # the lesson's numbers, and both halves of the lesson
-            w.write("A", JOB, 7, inv())
-            w.write("B", JOB, 8, {"INV-1": 200, **(inv() if batch else {})})
-            w.write("B", JOB, 8, inv())
-            w.write("A", JOB, 7, inv())
-            w.write("A", JOB, 7, {"INV-1": 100})
-        elif story == "race":
-            w.race(JOB, schedule.knobs["at"], 7, 8, inv(), inv())
-            w.write("A", JOB, 7, inv())
-        elif story == "crash":
-            batch_ = inv()
-            batch_ = w.write("B", JOB, 8, batch_, crash=rng.choice(list(batch_)))
-            w.write("B", JOB, 8, batch_)  # the same write again, once the disk has room
-            w.write("B", JOB, 9, inv())  # and a newer one: a crash must not spoil later writes
-        elif story == "two jobs":
-            w.write("B", OTHER, start[OTHER], inv())
-            w.write("A", JOB, 9, inv())
-            w.write("B", OTHER, start[OTHER] - 1, inv())
-            w.write("A", JOB, 8, inv())
-        else:
-            for _ in range(rng.randint(5, 9)):
-                job = JOB if rng.random() < 0.8 else OTHER
-                cur = generation_of(db, job)
-                roll = rng.random()
-                if roll < 0.2 and job == JOB:
-                    a_gen = cur + rng.randint(0, 1)
-                    w.race(job, rng.randint(1, 7), a_gen, a_gen + rng.randint(1, 3), inv(), inv())
-                else:
-                    gen = max(0, cur + rng.choice([-3, -1, -1, 0, 0, 1, 2]))
-                    batch_, who = inv(), rng.choice("AB")
-                    crash = rng.choice(list(batch_)) if roll > 0.85 else None
-                    w.write(who, job, gen, batch_, crash=crash)
-        last = max(0, generation_of(db, JOB) - 1)
-        w.write("A", JOB, last, inv())  # the obsolete predecessor, once more at the end
-
-
-FENCED_HOSTILE = hostile(
-    "story at each",
-    ("the lesson's story: A writes with 7, B commits 8 (twice), A's 7 comes back", "lesson"),
-    ("B arrives before A's first statement", "race", 1),
-    ("A checks the fence, then stops before its 2nd statement; B commits 8", "race", 2),
-    ("A stops inside its transaction (before statement 3); B arrives", "race", 3),
-    ("A stops before its 4th statement; B arrives", "race", 4),
-    ("A stops before its 5th statement, and each later one it reaches; B arrives", "race", 5, "at"),
-    ("a crash inside the transaction, the same write again, then a newer one", "crash"),
-    ("two jobs, each with its own fence", "two jobs"),
-)
