@@ -191,25 +191,30 @@ PREDICT_PROPS = {
 }
 
 
+GRID = 1024  # per second: sums stay exact (a tie is a tie), too fine for a table of inputs
+
+
 def _overwrite_knobs(rng: Random) -> dict:
-    """Half the pauses near the edges (quarter seconds: the ties exact), half far before or
-    after, over leases of 0.5 to 120 s: too many to keep a table of."""
+    """Half the pauses near the edges (whole quarter seconds from the expiry: the ties exact),
+    half far before or after, over leases of 0.5 to 120 s on a 1/1024 s grid: too many to keep
+    a table of."""
     if rng.random() < 0.5:
-        ttl = rng.randrange(10, 481) / 4
+        ttl = rng.randrange(10 * GRID // 4, 120 * GRID + 1) / GRID
         return {"pause": ttl + rng.randrange(-1, 8) / 4, "ttl": ttl}
-    ttl = rng.randrange(2, 481) / 4
+    ttl = rng.randrange(GRID // 2, 120 * GRID + 1) / GRID
     far = rng.choice([-rng.randrange(2, int(4 * ttl) + 1), rng.randrange(8, int(12 * ttl) + 120)])
     return {"pause": ttl + far / 4, "ttl": ttl}
 
 
 def _overwrite_vary(knobs: dict, rng: Random) -> dict:
     """A hostile row with numbers of the run: an edge keeps its distance from the expiry (the
-    lease grows by whole quarter seconds), a far one its ratio of pause to lease (from 1 to 2.75x)."""
+    lease grows by up to a minute, on the grid), a far one its ratio of pause to lease (scaled
+    by 1 to 3x)."""
     pause, ttl = knobs["pause"], knobs["ttl"]
     if EDGES[0] <= pause - ttl <= EDGES[1]:
-        grow = rng.randrange(0, 201) / 4
+        grow = rng.randrange(0, 60 * GRID + 1) / GRID
         return {"pause": pause + grow, "ttl": ttl + grow}
-    scale = 1 + rng.randrange(0, 8) / 4
+    scale = 1 + rng.randrange(0, 2 * GRID + 1) / GRID
     return {"pause": pause * scale, "ttl": ttl * scale}
 
 
@@ -254,9 +259,9 @@ def overwrite_check(answer, schedule: Schedule, history: list) -> None:
     expect(isinstance(got, (bool, int)) and got in (0, 1), rule, f"it returned {got!r}", prop=prop)
     expect(
         bool(got) == truth,
-        f"the prediction matches the real run: with pause={pause:g} s and ttl={ttl:g} s, "
+        f"the prediction matches the real run: with pause={pause:.12g} s and ttl={ttl:.12g} s, "
         f"A {'does' if truth else 'does not'} overwrite B's INV-1",
-        f"predict_overwrite({pause:g}, {ttl:g}) returned {got!r}; in the run, INV-1 ended "
+        f"predict_overwrite({pause!r}, {ttl!r}) returned {got!r}; in the run, INV-1 ended "
         f"with generation {final['INV-1']}",
         prop=prop,
     )
