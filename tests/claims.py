@@ -209,6 +209,12 @@ def a_writes_after_authority_tick(h):
     return any(e.time >= end for e in find(h, "A", "write", "ok")) and grant(h, "B").time == end
 
 
+def a_renewed_at_10_from_12_to_20(h):
+    """A's one granted renewal is at t=10 (its request's arrival) and moves its lease's end from 12 to 20."""
+    renewals = find(h, "A", action="renew", outcome="ok")
+    return [(e.time, e.until) for e in renewals] == [(10, 20)] and grant(h, "A").until == 12
+
+
 def a_stops_before_tick(h):
     """Every write of A's begins before its lease ends, and B's writes are the last of each invoice."""
     end = max(e.until for e in find(h, "A", action="renew", outcome="ok") + [grant(h, "A")])
@@ -575,6 +581,8 @@ CLAIMS = [
     # 05-late-renewal
     claim('05-late-renewal', "A's markers keep coming after that tick",
           late_renewal, a_writes_after_authority_tick, **U),
+    claim('05-late-renewal', "The open triangle at t=10 is A's\nrenewal, granted when its request reached the authority",
+          late_renewal, a_renewed_at_10_from_12_to_20, **U),
     claim('05-late-renewal', 'so B replaced them without ever seeing them',
           late_renewal, b_replaces_a_unseen, **U),
     claim('05-late-renewal', "A's writes now stop before the authority's tick, and B's run is untouched.",

@@ -17,9 +17,10 @@ from labkit.sim import Result  # noqa: E402
 from labkit.views.widgets import TimelineRenderer, explore, replay  # noqa: E402
 
 LEGEND = ["lease held", "lease expires (authority)", "paused", "waiting for the lock", "read",
-          "lease request refused", "write accepted", "write replaced later", "write rejected (stale)",
-          "repeat stopped by key", "crash", "answer lost", "violation (harm in the data)",
-          "warning (acted after its lease)", "fence token"]
+          "lease request refused", "lease renewed (authority)", "write accepted",
+          "write replaced later", "write rejected (stale)", "repeat stopped by key", "crash",
+          "answer lost", "violation (harm in the data)", "warning (acted after its lease)",
+          "fence token"]
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,7 @@
-"""What a timeline shows of the steps that are not writes: every refused lease step has its mark,
-every ring circles a mark, and a lane's labels tell its different steps apart. Checked in every
-scenario (both modes, its own knobs) and in every timeline a lesson draws."""
+"""What a timeline shows of the steps that are not writes: every refused lease step and every
+granted renewal has its mark, every ring circles a mark, and a lane's labels tell its different
+steps apart. Checked in every scenario (both modes, its own knobs) and in every timeline a
+lesson draws."""
 
 import itertools
 
@@ -38,6 +39,18 @@ def test_every_refused_lease_step_has_a_mark(name, run):
         refused = [e for e in run.history if e.worker == worker and e.outcome != "ok"
                    and e.action in ("acquire", "renew", "release")]
         assert len(on_lane(sc.points.get("held", []), lanes, worker)) == len(refused), worker
+
+
+@pytest.mark.parametrize("name, run", RUNS, ids=IDS)
+def test_every_granted_renewal_has_a_mark(name, run):
+    """Each renewal the authority granted is drawn on its worker's lane, one mark each: lesson 05
+    is about a renewal, and its picture once showed only a longer bar."""
+    lanes, sc = scene_of(run)
+    for worker in (w for w in lanes if w != OTHERS):
+        granted = [e.time for e in run.history if e.worker == worker and e.outcome == "ok"
+                   and e.action == "renew"]
+        marks = on_lane(sc.points.get("renewed", []), lanes, worker)
+        assert len(marks) == len(granted) and all(abs(m - t) < 0.5 for m, t in zip(marks, granted)), worker
 
 
 @pytest.mark.parametrize("name, run", RUNS, ids=IDS)

@@ -26,6 +26,7 @@ _IN = {"left": 0.9, "right": 0.3, "top": 0.75, "bottom": 1.45, "lane": 0.62, "wi
 _MARK_LABELS = {
     "read": "read",
     "held": "lease request refused",
+    "renewed": "lease renewed (authority)",
     "accepted": "write accepted",
     "overwritten": "write replaced later",
     "rejected": "write rejected (stale)",

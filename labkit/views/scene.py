@@ -59,6 +59,7 @@ def _styles(size: float) -> Mapping:
     made = {
         "read": dict(marker="v", color=COLOURS["read"], ms=size * 0.8),
         "held": dict(marker=".", color="#aaaaaa", ms=size * 0.8),
+        "renewed": dict(marker="^", mfc="white", mec=COLOURS["expiry"], mew=1.5, ms=size * 1.1),
         "crash": dict(marker="*", color=COLOURS["crash"], ms=size * 1.5),
         "lost": dict(marker="d", mfc="white", mec=COLOURS["crash"], mew=1.2, ms=size * 1.1),
         "other": dict(marker="|", color="#333333", ms=size * 1.6, mew=1.5),
@@ -190,8 +191,8 @@ def _mark_of(e) -> str | None:
     """The marker of an event that is not an effect (None: it shows as a span or not at all)."""
     if e.action == "read":
         return "read" if e.outcome == "ok" else None
-    if e.action in ("acquire", "renew", "release"):
-        return "held" if e.outcome != "ok" else None  # the authority refused it
+    if e.action in ("acquire", "renew", "release"):  # refused; a granted renewal has a mark too
+        return "held" if e.outcome != "ok" else ("renewed" if e.action == "renew" else None)
     if e.action == "response":
         return "lost" if e.outcome == "lost" else None
     if e.action == "crash":
@@ -210,7 +211,7 @@ def _write_kind(e, later) -> str:
 
 
 #: the markers a label must not cover
-OBSTACLES = "accepted overwritten rejected duplicate crashed crash lost held".split()
+OBSTACLES = "accepted overwritten rejected duplicate crashed crash lost held renewed".split()
 
 
 def label_offsets(kind: str, w: float, h: float, m: float) -> list:
