@@ -259,7 +259,7 @@ def overwrite_check(answer, schedule: Schedule, history: list) -> None:
     expect(isinstance(got, (bool, int)) and got in (0, 1), rule, f"it returned {got!r}", prop=prop)
     expect(
         bool(got) == truth,
-        f"the prediction matches the real run: with pause={pause:.12g} s and ttl={ttl:.12g} s, "
+        f"the prediction matches the real run: with pause={pause!r} s and ttl={ttl!r} s, "
         f"A {'does' if truth else 'does not'} overwrite B's INV-1",
         f"predict_overwrite({pause!r}, {ttl!r}) returned {got!r}; in the run, INV-1 ended "
         f"with generation {final['INV-1']}",
