@@ -1,10 +1,11 @@
-"""Is a wrong answer caught, and a right one passed, by design or by the seed's luck? (goal: 0 misses).
+"""Is a wrong answer caught, and a right one passed, by design or by luck? (goal: 0 misses).
 
 Each grading run draws its seed from the operating system, and so does every ``make test``
-run of the grade corpus. A wrong answer that only some seeds catch therefore passes now and then,
-in a student's grade and in CI (a 05.2 holder once scored 10/10). This grades every known-wrong
-answer of the test corpus, and every right one, under ``--seeds`` fresh seeds, in-process
-(the sandbox is not what is measured here), and prints, per answer that was missed, how often and under which seeds, so that
+run of the grade corpus. A wrong answer that only some seeds catch therefore passes now and
+then, in a student's grade and in CI (a 05.2 holder once scored 10/10). This grades every
+known-wrong answer of the test corpus, and every right one, under ``--seeds`` fresh seeds,
+in-process (the sandbox is not what is measured here), with the corpus test's own conditions,
+and prints, per answer that was missed, how often and under which seeds, so that
 ``replay(task, seed=...)`` shows the run. It exits non-zero if any seed missed any answer.
 
 Run: ``make bench`` or ``python benchmarks/luck.py [--seeds 10] [--only 05.2]``.

@@ -2,8 +2,9 @@
 
 :class:`Writers` runs a fenced writer's calls (one invoice for 02.1, a batch for 03.1) as the
 stories of :mod:`labkit.grading.fenced` tell them: each call is logged (a replay draws it),
-then judged against a model of an accepted or refused write (rows left, result, fence raised first; no SQL, no evidence). B acts
-before A's n-th statement; if A holds the lock, B gets "database is locked" and retries after.
+then judged against a model of an accepted or refused write (rows left, result, fence raised
+first; no SQL, no evidence). B acts before A's n-th statement; if A holds the lock, B gets
+"database is locked" and retries after.
 """
 
 from __future__ import annotations
