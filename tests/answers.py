@@ -8,11 +8,12 @@ then each answer cell, each judged out of process against the sandboxed worker.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import pathlib
 
-from labkit.grading import judge, refused
+from labkit.grading import judge, refused, tasks_loaded
 from labkit.grading.notebooks import program
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -23,6 +24,16 @@ def define(source: str, name: str):
     namespace: dict = {}
     exec(compile(source, f"<answer {name}>", "exec"), namespace)
     return namespace[name]
+
+
+def hostile_only(monkeypatch, task_id: str) -> tuple:
+    """Leave out ``task_id``'s random rows, for the in-process ``verdict`` (``monkeypatch``
+    undoes it): a known fault must be caught by the rows that tell its story, since a fault
+    only some seeds catch passes now and then. ``(all rows, hostile rows)``, as tasks."""
+    every = tasks_loaded()[task_id]
+    rows = dataclasses.replace(every, draw=lambda run: [s for s in every.draw(run) if s.name != "random"])
+    monkeypatch.setitem(tasks_loaded(), task_id, rows)
+    return every, rows
 
 
 @functools.cache

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 import labkit.grading
-from answers import define
+from answers import define, hostile_only
 from corpus_part1 import CORPUS
 
 
@@ -70,10 +70,15 @@ def test_a_crash_replays_as_the_crashed_write():
     ] for v in values])
 @pytest.mark.parametrize("first", ["", 'conn.execute("SELECT 1").fetchall()\n    ',
                                    'conn.execute("SELECT 1").fetchall()\n    raise RuntimeError("no")\n    '])
-def test_a_writer_that_sends_no_sql_scores_nothing(task_id, args, value, first):
+@pytest.mark.parametrize("rows", ["every row", "hostile rows only"])
+def test_a_writer_that_sends_no_sql_scores_nothing(task_id, args, value, first, rows, monkeypatch):
     """A constant writer, with or without a SELECT to look busy, or one that always raises,
-    never does the task: it may break rules, but no rule holds for it (0 points)."""
+    never does the task: it may break rules, but no rule holds for it (0 points), with the random
+    rows and without them (they must not be what stops it scoring)."""
     import contextlib
+
+    if rows == "hostile rows only":
+        hostile_only(monkeypatch, task_id)
 
     answer = define(f"def answer({args}):\n    {first}return {value}\n", "answer")
     report = labkit.grading.verdict(task_id, lambda: contextlib.nullcontext(answer), "answer")
@@ -174,12 +179,17 @@ def test_every_prediction_property_sees_overwrites_and_safe_runs():
     ("04.2", "cleanup(conn, now)", 'conn.execute("UPDATE leases SET ttl = ttl")\n    return 0'),
     ("04.2", "cleanup(conn, now)", 'conn.execute("UPDATE leases SET ttl = ttl + 1")\n    return 0'),
 ])
-def test_an_answer_that_only_looks_busy_scores_nothing(task_id, head, body):
+@pytest.mark.parametrize("rows", ["every row", "hostile rows only"])
+def test_an_answer_that_only_looks_busy_scores_nothing(task_id, head, body, rows, monkeypatch):
     """01.1 handing back the history (or its ends), 04.1 touching the counter row and issuing a
     constant, 04.2 updating leases and deleting none: no property scores (0 points), though an
     UPDATE counts as a change for SQLite and the history's events come in order; in every one of
-    a few runs with seeds the OS drew (a slice of a history once found a lost write by luck)."""
+    a few runs with seeds the OS drew (a slice of a history once found a lost write by luck), with
+    the random rows and without them."""
     import contextlib
+
+    if rows == "hostile rows only":
+        hostile_only(monkeypatch, task_id)
 
     name = head.split("(")[0]
     answer = define(f"def {head}:\n    {body}\n", name)

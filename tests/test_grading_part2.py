@@ -13,7 +13,7 @@ import random
 import pytest
 
 import labkit.grading
-from answers import define
+from answers import define, hostile_only
 from corpus_part2 import CORPUS
 
 
@@ -101,9 +101,10 @@ def test_the_holder_counting_from_arrival_really_acts_after_b_took_over():
 def test_every_05_2_trouble_row_tells_its_story_under_every_seed():
     """05.2: a hostile row's trouble is the renewals', whatever the run's seed draws (CI once drew
     an acquisition slow enough that the holder never worked, and a wrong holder scored 10/10):
-    under 100 seeds each row's acquisition leaves most of the lease, and "confirmed too late"
-    catches the holder that checks its deadline only when renewing, every time."""
-    from labkit.grading.checks05b import _HolderWorld
+    under 100 seeds each row's acquisition leaves most of the lease (but in the row whose grant
+    comes late, past its end), and "confirmed too late" catches the holder that checks its
+    deadline only when renewing, every time."""
+    from labkit.grading.checks05b import GRANTED_LATE, _HolderWorld
 
     task, rng = labkit.grading.TASKS["05.2"], random.Random(5_2)
     wrong = define(CORPUS["05.2"]["wrong"]["checks the deadline only when renewing"][0], "keep_working")
@@ -114,7 +115,10 @@ def test_every_05_2_trouble_row_tells_its_story_under_every_seed():
                 world = _HolderWorld(tmp.open(), schedule, [])
                 sent = world.start("job")
             ttl, local = schedule.knobs["ttl"], world.offset + world.rate * world.true.now()
-            assert local - sent < 0.1 * ttl, (run, schedule.name, local - sent)
+            if schedule.name == GRANTED_LATE:  # the one row whose trouble is the acquisition
+                assert local - sent > ttl, (run, local - sent)
+            else:
+                assert local - sent < 0.1 * ttl, (run, schedule.name, local - sent)
         row = next(s for s in task.rows(run) if s.name == late)
         with pytest.raises(labkit.grading.Broken) as broken:
             task.trial(wrong, row, [])
@@ -190,13 +194,20 @@ def release(db, name, owner, generation):
 }
 
 
+@pytest.mark.parametrize("rows", ["every row", "hostile rows only"])
 @pytest.mark.parametrize("label", GAMING)
-def test_an_answer_that_does_almost_nothing_scores_less_than_before(label):
+def test_an_answer_that_does_almost_nothing_scores_less_than_before(label, rows, monkeypatch):
     """06.1: evidence only from a release that deleted a row (or, in the race, released B's
     lease for B); 06.2: range and rng only where the delays vary and reach a quarter of the
     ceiling, growth where they vary in range, full jitter against the ceiling; 05.2: the holder
-    returns only when the job is done, its deadline passed or its last renewal failed."""
+    returns only when the job is done, its deadline passed or its last renewal failed, and a
+    grant that comes after the deadline allows no work. With the random rows too, and without
+    them: the rows that tell the story catch it under every seed (CI drew one where a 05.2
+    holder that works once without looking scored a third, with a hostile row that caught it
+    before acquiring quickly)."""
     task_id, source, before, now = GAMING[label]
+    if rows == "hostile rows only":
+        hostile_only(monkeypatch, task_id)
     answer = define(source, CORPUS[task_id]["name"])
     report = labkit.grading.verdict(task_id, lambda: contextlib.nullcontext(answer), "answer")
     points = report.total()[0]

@@ -7,7 +7,6 @@ check modules' own code (which ship with the student's copy) buys it nothing.
 """
 
 import concurrent.futures
-import dataclasses
 import contextlib
 import multiprocessing
 
@@ -15,7 +14,7 @@ import pytest
 
 import corpus_part1
 import corpus_part2
-from answers import define, judged
+from answers import define, hostile_only, judged
 from labkit.engines.servers import proc_state
 from labkit.grading import Broken, Report, tasks_loaded, verdicts
 from polling import wait_for
@@ -310,11 +309,9 @@ def test_every_known_wrong_answer_is_caught_by_the_hostile_rows_alone(monkeypatc
     scores nothing), under a seed the OS draws: a fault only some seeds find passes now and then
     (a 05.2 holder once scored 10/10 in CI, a 02.1 writer that writes before its fence 1 run in 100).
     ``benchmarks/luck.py`` grades the corpus with every row under many seeds."""
-    t = tasks_loaded()[task]
-    hostile_only = dataclasses.replace(t, draw=lambda run: [s for s in t.draw(run) if s.name != "random"])
-    monkeypatch.setitem(tasks_loaded(), task, hostile_only)
+    t, kept = hostile_only(monkeypatch, task)
     run = verdicts.draw_seed()
-    rows = hostile_only.rows(run)
+    rows = kept.rows(run)
     left_out = [s.seed for s in t.rows(run) if s not in rows]  # random rows: seeds from 1000 on
     assert rows and left_out == [s.seed for s in t.rows(run) if s.seed >= 1000]
     assert left_out or task in ("03.2", "09.1")  # those two have no random rows

@@ -58,8 +58,7 @@ class _HolderWorld:
         return self.offset + self.rate * self.true.now()
 
     def _draw(self, knob: str) -> float:
-        low, high = self.k[knob]
-        return self.rng.uniform(low, high)
+        return self.rng.uniform(*self.k[knob])
 
     def _advance(self, seconds: float) -> None:
         """Let true time pass; B takes the lease the moment A's expires."""
@@ -81,9 +80,8 @@ class _HolderWorld:
         self.unsure = False
 
     def start(self, job: str) -> float:
-        """Acquire A's lease; a hostile row's ``acquire`` knob times both legs, so that the
-        trouble it tells of starts with the renewals, whatever the run's seed draws."""
-        legs = ("acquire", "acquire") if "acquire" in self.k else ("request", "response")
+        """Acquire A's lease (a hostile row's ``acquire`` and ``granted`` knobs time its legs)."""
+        legs = ("acquire", "granted") if "acquire" in self.k else ("request", "response")
         sent = self.now()
         self._advance(self._draw(legs[0]))
         self.lease = self.authority.acquire(job, "A", self.k["ttl"])
@@ -105,8 +103,7 @@ class _HolderWorld:
             new = None
         outcome = "ok" if new else "lost"
         lease_event(self.history, self.true.now(), new or self.lease, "renew", outcome)
-        if new is not None:
-            self.lease = new
+        self.lease = new or self.lease
         if lost:
             self._advance(self.k["timeout"])
             self.history.append(Event(self.true.now(), "A", "response", "lost", target="renew"))
@@ -173,9 +170,11 @@ _QUICK = {
 
 
 def _trouble(name: str, **changes) -> dict:
-    return {"name": name, **_QUICK, "acquire": _QUICK["request"], **changes, "benign": False}
+    quick = {"acquire": _QUICK["request"], "granted": _QUICK["response"]}
+    return {"name": name, **_QUICK, **quick, **changes, "benign": False}
 
 
+GRANTED_LATE = "the grant comes late: the acquisition's answer spends 10-12 s in the network"
 HOLDER_HOSTILE = [
     {"name": "every renewal is confirmed quickly (the job must get done)", **_QUICK},
     _trouble(
@@ -197,6 +196,7 @@ HOLDER_HOSTILE = [
         "slow requests: the renewal reaches the authority after the lease ended",
         request=(9.0, 12.0),
     ),
+    _trouble(GRANTED_LATE, granted=(10.0, 12.0)),
 ]
 
 
