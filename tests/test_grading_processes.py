@@ -43,6 +43,11 @@ def shared(conn):
         out["pipe"] = type(exc).__name__
     MEMORY[0] = (MEMORY[0] + 1) % 256    # a shared counter, if shared
     out["memory"] = MEMORY[0]
+    import ctypes                         # a shared map made writable again, then counted on
+    for name, (mapped, at) in MAPS.items():
+        if ctypes.CDLL(None).mprotect(ctypes.c_void_p(at), 4096, 3) == 0:
+            ctypes.c_ubyte.from_address(at).value += 1
+        out[name] = mapped[0]
     frames, frame = [], sys._getframe()
     while frame:
         frames.append(frame.f_code.co_name)
@@ -84,6 +89,13 @@ def crash(conn, effect, die=True):
 LEFT_OPEN = """
 import mmap, os
 PIPE, MEMORY = os.pipe(), mmap.mmap(-1, 4096)   # left open and mapped by a cell
+MAPS = {}  # files opened for writing, mapped shared but read-only or not to be touched at all
+for name, prot in (("read-only", mmap.PROT_READ), ("no access", 0)):
+    fd = os.open(f"/tmp/{name}", os.O_RDWR | os.O_CREAT)
+    os.ftruncate(fd, 4096)
+    MAPS[name] = [mmap.mmap(fd, 4096, prot=prot)]
+    with open("/proc/self/maps") as maps:
+        MAPS[name].append(next(int(line.split("-")[0], 16) for line in maps if name in line))
 """
 
 
@@ -134,7 +146,8 @@ def test_no_schedule_and_no_worker_can_be_told_apart_from_inside(box):
 
 
 def test_nothing_the_cells_left_joins_two_workers(box):
-    """A pipe the cells opened, memory they mapped shared, the root's own frames and messages:
+    """A pipe the cells opened, memory they mapped shared (read-only or with no access too:
+    mprotect undoes that where the file was opened for writing), the root's frames and messages:
     none reaches a worker, so A, B and a successor see the same, schedule after schedule."""
     seen = []
     for _ in range(2):
@@ -142,6 +155,7 @@ def test_nothing_the_cells_left_joins_two_workers(box):
             seen += [shared(tmp.open().conn), shared(tmp.open().conn)]
     assert all(s == seen[0] for s in seen), seen
     assert seen[0]["pipe"] == "OSError" and seen[0]["memory"] == 1  # closed; its own copy
+    assert seen[0]["read-only"] == seen[0]["no access"] == 1  # its own copies, made writable
     assert "worker" not in seen[0]["root"] and "seed" not in seen[0]["root"]
     assert "main" not in seen[0]["frames"] and seen[0]["marks"] <= 1
 

@@ -1,12 +1,11 @@
 """A worker's world of its own: what each of a schedule's processes is given in the sandbox.
 
-:mod:`labkit.grading.worker` forks a process per worker of a schedule from the notebook's
-state. Before it serves the judge, that process keeps only its own channel (every other file
-descriptor the cells opened is closed), turns every shared writable mapping into a private
-copy, and enters user, pid, mount, IPC and network namespaces of its own: its child is pid 1
-of a numbering of its own, with a fresh /tmp (what the cells left there, and the sandbox's
-read-only places bound again), an empty /proc and /dev/shm, and no capability. So no two
-workers share anything but the database, and no schedule can be counted from inside.
+:mod:`labkit.grading.worker` forks a process per worker of a schedule from the notebook's state.
+Before it serves the judge, that process keeps only its own channel (closing every other
+descriptor), makes every shared mapping a private copy, and enters user, pid, mount, IPC and
+network namespaces of its own: its child is pid 1 there, with a fresh /tmp (what the cells left,
+the sandbox's read-only places bound again), an empty /proc and /dev/shm, and no capability. So
+workers share only the database, and no schedule can be counted from inside.
 
 Hand-written on ctypes: Python 3.11 has no ``os.unshare`` and no mount, and no library for
 them would be in the sandbox. Like :mod:`labkit.grading.wire`, this module imports nothing of
@@ -48,16 +47,17 @@ def keep_only(fd: int) -> None:
 
 
 def private_memory() -> None:
-    """Turn each shared writable mapping (``mmap``, ``multiprocessing.Value``, a WAL's -shm)
-    into a private copy with the same contents: no memory joins two workers."""
+    """Make each shared mapping (``mmap``, ``multiprocessing.Value``, a WAL's -shm; read-only
+    ones too, which ``mprotect`` could make writable) a private, writable copy of it."""
     with open("/proc/self/maps") as f:
-        spans = [span for span, perms, *_ in map(str.split, f) if perms[1] + perms[3] == "ws"]
-    for span in spans:
+        spans = [(span, perms) for span, perms, *_ in map(str.split, f) if perms[3] == "s"]
+    for span, perms in spans:
         start, end = (int(x, 16) for x in span.split("-"))
-        data = ctypes.string_at(start, end - start)
-        if LIBC.mmap(start, end - start, 3, PRIVATE_FIXED, -1, 0) != start:
+        data = ctypes.string_at(start, end - start) if perms[0] == "r" else b""
+        prot = 3 | (perms[2] == "x") << 2  # readable and writable, so that it can be filled
+        if LIBC.mmap(start, end - start, prot, PRIVATE_FIXED, -1, 0) != start:
             raise OSError(ctypes.get_errno(), "make a shared mapping private")
-        ctypes.memmove(start, data, end - start)
+        ctypes.memmove(start, data, len(data))
 
 
 def alone() -> bool:
