@@ -21,7 +21,7 @@ import corpus_part2
 from labkit.grading import judge, lab
 
 PROBE = """
-import os
+import gc, os, sys
 calls, me = [], []  # what this process remembers: the calls it served, a name it drew
 
 def who(conn, tag=""):
@@ -64,10 +64,18 @@ def shared(conn):
     out["marks"] = len(marks)             # its own, if it could write one: never an earlier one's
     return out
 
+HOOKED = {"before": 0, "parent": 0, "audit": 0}  # what the cells hang on the root's forks, kills
+os.register_at_fork(before=lambda: HOOKED.update(before=HOOKED["before"] + 1),
+                    after_in_parent=lambda: HOOKED.update(parent=HOOKED["parent"] + 1))
+sys.addaudithook(lambda event, args: event in ("os.fork", "os.kill", "ctypes.dlsym")
+                 and HOOKED.update(audit=HOOKED["audit"] + 1))
+
 def signs(conn):
     \"\"\"What a schedule could be counted or told apart by: the pid, the parent's, what the
-    earlier schedules left in /tmp and /dev/shm, the processes /proc shows.\"\"\"
+    earlier schedules left in /tmp and /dev/shm, the processes /proc shows, the counts of the
+    root's forks and kills that the cells' hooks kept, the gc's counts.\"\"\"
     seen = {"pid": os.getpid(), "ppid": os.getppid(), "tmp": sorted(os.listdir("/tmp"))}
+    seen["hooked"], seen["gc"] = dict(HOOKED), [gc.get_count(), [s["collections"] for s in gc.get_stats()]]
     seen["proc"] = sorted(os.listdir("/proc")) if os.path.isdir("/proc") else None
     seen["shm"] = sorted(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else None
     with open(f"/tmp/mark-{os.urandom(4).hex()}", "w") as f:   # /tmp can be written
@@ -135,7 +143,8 @@ def test_a_rival_that_comes_in_the_middle_of_a_call_runs_in_another_process(box)
 def test_no_schedule_and_no_worker_can_be_told_apart_from_inside(box):
     """Every worker of every schedule is pid 1 of its own numbering, with a /tmp of its own
     (what the cells left there, and nothing an earlier schedule wrote), an empty /proc and
-    /dev/shm: what one process sees of itself, the next sees the same."""
+    /dev/shm; no at-fork hook or audit hook of the cells' counts the root's forks and kills, and
+    the gc's counts start from the same place: what one process sees, the next sees the same."""
     seen = []
     for _ in range(3):  # three schedules, two workers each
         with lab.scratch() as tmp, box.answer("signs", ()) as signs:

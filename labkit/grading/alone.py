@@ -14,7 +14,9 @@ labkit's: the sandbox sees it and no check.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import gc
 import os
 import shutil
 import signal
@@ -28,15 +30,27 @@ LIBC.mmap.restype, LIBC.mmap.argtypes = (
 NAMESPACES = 0x20000 | 0x10000000 | 0x20000000 | 0x8000000 | 0x40000000  # mount user pid ipc net
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, MS_BIND_REC = 1, 24, 4096 | 16384
 PRIVATE_FIXED = 0x02 | 0x20 | 0x10  # MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED
+RAW = ctypes.PyDLL(None)  # libc's fork and kill, called with the GIL held (as os.fork is)
+RAW.kill.argtypes = [ctypes.c_int, ctypes.c_int]
 
 
-def kill(pid: int, *, _kill=os.kill, _wait=os.waitpid) -> None:
-    """SIGKILL ``pid`` and reap it (os's functions as they were before any cell ran)."""
-    try:
-        _kill(pid, signal.SIGKILL)
-        _wait(pid, 0)
-    except (ProcessLookupError, ChildProcessError):
-        pass
+def fork(*, _fork=RAW.fork, _child=ctypes.pythonapi.PyOS_AfterFork_Child) -> int:
+    """``os.fork`` without the at-fork hooks and audit event a cell could count workers with;
+    the child gets Python's own setting up after a fork, and a collection zeroing gc's counts."""
+    pid = _fork()
+    if pid == 0:
+        _child()
+        gc.collect()
+    elif pid < 0:
+        raise OSError(ctypes.get_errno(), "fork a worker")
+    return pid
+
+
+def kill(pid: int, *, _kill=RAW.kill, _wait=os.waitpid) -> None:
+    """SIGKILL ``pid`` (libc's kill: no audit event) and reap it (os's wait, taken early)."""
+    if _kill(pid, signal.SIGKILL) == 0:
+        with contextlib.suppress(ChildProcessError):
+            _wait(pid, 0)
 
 
 def keep_only(fd: int) -> None:

@@ -4,19 +4,18 @@ Usage: ``python -m labkit.grade SUBMISSIONS... [--junit out.xml] [--csv out.csv]
 [--feedback DIR] [--points FILE] [--cell-timeout 30] [--solutions solutions/] [--jobs N]
 [--only STUDENT] [--unsandboxed] [--seed N]``.
 
-SUBMISSIONS are notebooks or folders searched for ``*.ipynb``. A submission's
-student is the first folder under the folder given on the command line (a notebook
-lying directly in it: its file name; a notebook given alone: its folder's name), so
-``friend/me/02.ipynb`` is the friend's. Symbolic and hard links, device files, pipes
-and names with control characters are refused, each with a line saying why; of two
-notebooks of one exercise from one student the first (in path order) readable one is
-graded, and the other's line names it. Its exercise is the solution whose check cells carry
-the same ``task:`` tags (failing that, the one with the same file name). The
-canonical check cells are put back (edited or deleted ones count for nothing), and
-the notebook's code cells are judged out of process (:mod:`labkit.grading.judge`):
-they run in order in a sandboxed worker, and each task's trials run against the answer
-there. Stored outputs are never read. A notebook that is not JSON, is over 5 MB, has
-no task cells, loops, fork-bombs, fills its disk or exits costs that student only.
+SUBMISSIONS are notebooks or folders searched for ``*.ipynb``. A submission's student is the
+first folder under the folder given on the command line (a notebook lying directly in it: its
+file name; a notebook given alone: its folder's name), so ``friend/me/02.ipynb`` is the
+friend's. Symbolic and hard links, device files, pipes and names with control characters are
+refused, each with a line saying why; of two notebooks of one exercise from one student the
+first (in path order) readable one is graded, and the other's line names it. Its exercise is the
+solution whose check cells carry the same ``task:`` tags (failing that, the one with the same
+file name). The canonical check cells are put back (edited or deleted ones count for nothing),
+and the notebook's code cells are judged out of process (:mod:`labkit.grading.judge`): they run
+in order in a sandboxed worker, and each task's trials run against the answer there. Stored
+outputs are never read. A notebook that is not JSON, is over 5 MB, has no task cells, loops,
+fork-bombs, fills its disk or exits costs that student only.
 
 Each task's points are shared among its properties (10 a task unless ``--points FILE``, a
 JSON object of task -> points, or task -> {property: points}, says otherwise); a property

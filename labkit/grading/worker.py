@@ -13,6 +13,7 @@ use of it (an SQL statement, a clock read, a callback, an RNG draw) is a request
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import socket
@@ -66,16 +67,17 @@ class _Worker(Peer):
 
     def main(self) -> None:
         # what forks and kills the workers, taken before any cell runs (a cell may rebind names)
-        door, workers, fork, kill = socket.socket(fileno=5), {}, os.fork, alone.kill
-        self.alone = alone.works()
+        door, workers, fork, kill = socket.socket(fileno=5), {}, alone.fork, alone.kill
+        self.alone, recv_fds, still = alone.works(), socket.recv_fds, gc.disable
         while True:
             message = self.channel.recv()
             op = message["op"]
             if op == "cell":
                 error = self.run_cell(message["source"], message["number"])
                 self.channel.send({"op": "ran", "error": error})
+                still()  # no collection in the root moves the gc's counts between workers
             elif op == "fork":
-                _, (fd,), _, _ = socket.recv_fds(door, 1, 1)
+                _, (fd,), _, _ = recv_fds(door, 1, 1)
                 pid = fork()
                 if pid == 0:  # out of these frames: nothing of the root's is left to read
                     raise _Child(fd, message.get("seed"))
