@@ -63,7 +63,7 @@ def fenced_trial(answer, schedule: Schedule, history: list, batch: bool) -> None
             w.write("A", JOB, 9, inv())
             w.write("B", OTHER, start[OTHER] - 1, inv())
             w.write("A", JOB, 8, inv())
-        elif story == "elsewhere":  # OTHER's fence is above JOB's: one below it, or one above
+        elif story == "elsewhere":  # OTHER's fence is above JOB's: one below it, equal, or above
             w.write("A", OTHER, start[OTHER] + schedule.knobs["at"], inv())
         else:
             for _ in range(rng.randint(5, 9)):
@@ -93,5 +93,6 @@ FENCED_HOSTILE = hostile(
     ("a stale write, disk full; a crash mid-write, the same write again, a newer one", "crash"),
     ("two jobs, each with its own fence", "two jobs"),
     ("a write stale for its own job, though above the other job's fence", "elsewhere", -1),
+    ("a write equal to its own job's fence raises no other job's, below it", "elsewhere", 0),
     ("a newer write raises its own job's fence, not the other's below it", "elsewhere", 1),
 )
