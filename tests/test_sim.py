@@ -217,27 +217,32 @@ def test_a_knob_too_large_for_a_float_is_a_named_error():
         expired_but_alive(pause=10 ** 400)
 
 
-def test_folders_of_a_killed_process_are_removed_by_the_next_one():
+UNFINISHED = {  # a process that leaves a folder of files unfinished, printing its path
+    "sim": "from labkit.scenarios import expired_but_alive; from labkit.sim import files; "
+    "expired_but_alive(); print(files.new_folder(6), flush=True); input()",
+    "check": "from labkit.grading import lab; trial = lab.scratch(); print(trial.__enter__().folder, flush=True); "
+    "input()",
+}
+
+
+@pytest.mark.parametrize("kind", UNFINISHED)
+def test_folders_of_a_killed_process_are_removed_by_the_next_one(kind):
     """A finished run leaves no folder (templates live in memory); a SIGKILLed process cannot
-    clean up its unfinished run, so the next process that makes files removes its folder."""
+    clean up its unfinished run (a simulation's, a check's trial), so the next process that
+    makes files of that kind removes its folder. They are in memory where /dev/shm is writable."""
     import signal
     import subprocess
     import sys
 
-    from labkit.sim import files
-
-    code = (
-        "from labkit.scenarios import expired_but_alive; from labkit.sim import files; "
-        "expired_but_alive(); print(files.new_folder(6), flush=True); input()"
-    )
-    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    child = subprocess.Popen([sys.executable, "-c", UNFINISHED[kind]], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         unfinished = pathlib.Path(child.stdout.readline().decode().strip())
-        root = pathlib.Path(files._root() or tempfile.gettempdir())
-        assert list(root.glob(f"labkit-sim-{child.pid}-*")) == [unfinished]
+        root = pathlib.Path("/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir())
+        assert list(root.glob(f"labkit-{kind}-{child.pid}-*")) == [unfinished]
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
     assert unfinished.exists()  # SIGKILL ran no clean-up
-    files._sweep()
+    first = f"from labkit.sim import files; import shutil; shutil.rmtree(files.scratch_folder({kind!r}))"
+    subprocess.run([sys.executable, "-c", first], check=True)  # the next process's first folder
     assert not unfinished.exists()

@@ -18,14 +18,13 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from random import Random
 from typing import Callable, Iterable
 
 from labkit.errors import Busy, LabkitError
-from labkit.sim.files import connect_file
+from labkit.sim.files import connect_file, scratch_folder
 from labkit.sim.history import Event
 
 
@@ -112,7 +111,7 @@ class Scratch:
 @contextlib.contextmanager
 def scratch():
     """Yield a fresh :class:`Scratch`; afterwards close its connections and delete its folder."""
-    lab = Scratch(tempfile.mkdtemp(prefix="labkit-check-"))
+    lab = Scratch(str(scratch_folder("check")))
     try:
         yield lab
     finally:

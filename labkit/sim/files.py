@@ -15,17 +15,16 @@ from labkit.fence import Fence
 from labkit.lease import LeaseAuthority
 from labkit.sim.worker import JOB, LEASE
 
-__all__ = ["new_folder", "connect_file"]
+__all__ = ["new_folder", "connect_file", "scratch_folder"]
 
 _TEMPLATES: dict[int, dict[str, bytes]] = {}  # earlier holders -> file name -> its bytes
+_SWEPT: set[str] = set()  # the prefixes this process has swept
 
 
 def new_folder(earlier_holders: int) -> Path:
     """A new folder whose ``authority.db`` has issued ``earlier_holders`` generations (released at
     t=0) and whose ``resource.db`` has the job's fence row at 0; the caller deletes it."""
-    if not _TEMPLATES:
-        _sweep()
-    folder = Path(tempfile.mkdtemp(prefix=f"labkit-sim-{os.getpid()}-", dir=_root()))
+    folder = scratch_folder("sim")
     if earlier_holders not in _TEMPLATES:
         _TEMPLATES[earlier_holders] = _build(folder, earlier_holders)
         return folder
@@ -55,13 +54,13 @@ def connect_file(path: str):
     return db
 
 
-def _root() -> str | None:
-    """``$LABKIT_SCRATCH`` if set (a team member's, removed when it is reaped), else ``/dev/shm``
-    if writable, else None (the temp dir)."""
-    shm = os.environ.get("LABKIT_SCRATCH") or "/dev/shm"
-    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
-
-
-def _sweep() -> None:
-    """Remove the folders that killed processes left (their pid no longer exists)."""
-    sweep("labkit-sim-", _root())
+def scratch_folder(kind: str) -> Path:
+    """A new folder ``labkit-{kind}-{pid}-...`` the caller deletes, in ``$LABKIT_SCRATCH`` (a
+    team member's), else ``/dev/shm`` if writable, else the temp dir; the first of a kind a
+    process makes removes those that killed processes left."""
+    shm, prefix = os.environ.get("LABKIT_SCRATCH") or "/dev/shm", f"labkit-{kind}-"
+    root = shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
+    if prefix not in _SWEPT:
+        _SWEPT.add(prefix)
+        sweep(prefix, root)
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=root))
