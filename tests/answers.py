@@ -17,6 +17,17 @@ from labkit.grading import judge, refused, tasks_loaded
 from labkit.grading.notebooks import program
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+#: every attack's score beside its bare answer's, a JSON line each (the suite's summary prints them)
+ATTACKS = ROOT / "build" / "attacks.jsonl"
+
+
+def against_bare(kind: str, how: str, task: str, bare, wrapped) -> None:
+    """Note what an attack of the class ``kind`` (the wrapper ``how``) scored on ``task`` beside
+    the bare answer: the table the closing note and the suite's summary show."""
+    ATTACKS.parent.mkdir(exist_ok=True)
+    row = {"kind": kind, "how": how, "task": task, "bare": bare.total()[0], "wrapped": wrapped.total()[0]}
+    with open(ATTACKS, "a") as f:  # one short write: the workers' lines do not interleave
+        f.write(json.dumps(row) + "\n")
 
 
 def define(source: str, name: str):

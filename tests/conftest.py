@@ -28,6 +28,38 @@ def pytest_generate_tests(metafunc):
     engines.parametrize(metafunc)
 
 
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):  # the run's first process: a fresh ledger
+        from answers import ATTACKS
+
+        ATTACKS.unlink(missing_ok=True)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """Each attack class of issue 22: the wrappers tried, and what each scored beside the bare
+    answer (the sum over its tasks' wrong answers), as the tests noted them."""
+    from answers import ATTACKS
+
+    if hasattr(config, "workerinput") or not ATTACKS.exists():
+        return
+    import collections
+    import json
+
+    rows = [json.loads(line) for line in ATTACKS.read_text().splitlines()]
+    table = collections.defaultdict(lambda: collections.defaultdict(list))
+    for row in rows:
+        table[row["kind"]][row["how"]].append(row)
+    write = terminalreporter.write_line
+    write(f"attacks on the grader: {len(rows)} wrapped wrong answers, each beside its bare answer")
+    for kind, hows in table.items():
+        write(f"  {kind}")
+        for how, found in hows.items():
+            tasks = ", ".join(sorted({r["task"] for r in found}))
+            bare, wrapped = (round(sum(r[k] for r in found), 2) for k in ("bare", "wrapped"))
+            more = sum(r["wrapped"] > r["bare"] for r in found)
+            write(f"    {how} ({tasks}; {len(found)} answers): bare {bare}, wrapped {wrapped}, {more} scored more")
+
+
 @pytest.fixture
 def engine(request) -> str:
     """The database under test: "sqlite", or "postgres" in the contract modules' second run."""

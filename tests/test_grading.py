@@ -112,7 +112,7 @@ def test_tampering_with_the_grader_counts_for_nothing(verdicts, task_id, how):
 
 def _run_exercise(name: str):
     import nbformat
-    from nbclient import NotebookClient
+    from kernels import Client as NotebookClient
     nb = nbformat.read(ROOT / "exercises" / f"{name}.ipynb", as_version=4)
     NotebookClient(nb, timeout=60, kernel_name="python3", allow_errors=True,
                    resources={"metadata": {"path": str(ROOT / "exercises")}}).execute()

@@ -14,7 +14,7 @@ import multiprocessing
 import random
 
 import pytest
-from answers import judged
+from answers import against_bare, judged
 from prerequisites import require_sandbox
 
 import corpus_part2
@@ -274,6 +274,7 @@ def test_what_a_crashed_worker_remembered_gains_a_wrong_answer_nothing(crashed, 
     reports = crashed[task]
     for label in corpus_part2.CORPUS[task]["wrong"]:
         bare, wrapped = reports[f"{label}/bare"], reports[f"{label}/{how}"]
+        against_bare("detect a nested or concurrent call, or a crash, and behave differently", how, task, bare, wrapped)
         assert bare.problem is None, bare.text()
         assert wrapped.total()[0] <= bare.total()[0], f"{label}, {how}:\n{wrapped.text()}"
 

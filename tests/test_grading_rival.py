@@ -15,7 +15,7 @@ import pytest
 
 import corpus_part1
 import corpus_part2
-from answers import judged
+from answers import against_bare, judged
 from labkit.grading import verdicts
 
 CORPUS = {**corpus_part1.CORPUS, **corpus_part2.CORPUS}
@@ -77,6 +77,15 @@ WRAPPERS = {
     "reads the time and the environment": SIGN.replace("{sign}", "int(_time.time() * 10) % 2")
                                               .replace("{fallback}", "'LABKIT' in str(_os.environ)"),
 }
+def kind_of(how: str) -> str:
+    """The attack class of issue 22 that the wrapper ``how`` belongs to."""
+    if how.startswith("pads"):
+        return "pad the call with harmless statements"
+    if how in ("counts the calls of every schedule in /tmp", "tells schedules apart by pid", "reads the time and the environment"):
+        return "count schedules, or read the sandbox for a sign of which one it is"
+    return "detect a nested or concurrent call, or a crash, and behave differently"
+
+
 RACY = {  # a wrong answer per task that loses a race the judge puts at a statement boundary
     "02.1": "check-then-act: read, compare in Python, write unconditionally",
     "04.2": "read, then delete by name and owner (a re-acquire lands in between)",
@@ -101,6 +110,7 @@ def scored():
 def test_a_wrapped_wrong_answer_scores_no_more_than_the_bare_one(scored, task, how):
     """Padding, spotting the rival or a crash, or reading the sandbox gains nothing."""
     bare, wrapped = scored[task]["bare"], scored[task][how]
+    against_bare(kind_of(how), how, task, bare, wrapped)
     assert bare.problem is None and 0 < bare.total()[0] < 10, bare.text()
     assert wrapped.total()[0] <= bare.total()[0], f"{how}:\n{wrapped.text()}\nbare:\n{bare.text()}"
 

@@ -14,7 +14,7 @@ import pytest
 
 import corpus_part1
 import corpus_part2
-from answers import define, hostile_only, judged
+from answers import against_bare, define, hostile_only, judged
 from labkit.engines.servers import proc_state
 from labkit.grading import Broken, Report, tasks_loaded, verdicts
 from polling import wait_for
@@ -144,6 +144,8 @@ def test_a_table_of_memorised_inputs_scores_no_more_than_the_bare_answer(task):
     got = judged(task, name, sources, run=verdicts.draw_seed())
     for label in MEMORISED[task]:
         bare, wrapped = got[label], got[f"{label}, with the table"]
+        against_bare("a table of memorised inputs, built from the check module's own code",
+                     "the right result for every input the fixed seeds drew", task, bare, wrapped)
         assert bare.problem is None and bare.total()[0] < 10, bare.text()
         assert wrapped.total()[0] <= bare.total()[0], f"{label}:\n{wrapped.text()}\nbare:\n{bare.text()}"
 
@@ -258,7 +260,7 @@ def test_a_check_cell_uses_the_judge_started_ahead_and_starts_the_next():
     import json
 
     import nbformat
-    from nbclient import NotebookClient
+    from kernels import Client as NotebookClient
 
     from labkit.grading import notebooks
 
@@ -288,7 +290,7 @@ def test_a_judge_that_dies_after_saying_ready_is_a_named_refusal():
     """A judge started ahead that says ready, takes the check and dies without a Report: the
     check cell fails with the grader's refusal, not a traceback of the judge's output."""
     import nbformat
-    from nbclient import NotebookClient
+    from kernels import Client as NotebookClient
 
     from labkit.grading import notebooks
 

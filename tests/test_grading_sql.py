@@ -15,7 +15,7 @@ import pytest
 
 import corpus_part1
 import corpus_part2
-from answers import judged
+from answers import against_bare, judged
 from labkit.grading import policy
 
 CORPUS = {**corpus_part1.CORPUS, **corpus_part2.CORPUS}
@@ -221,6 +221,8 @@ def test_sql_on_the_judges_records_gains_nothing(scored, task, how):
     """A wrong answer wrapped in SQL that goes for the judge's records (or its time) scores no
     more than the bare answer, and the scorecard says what the judge refused."""
     bare, wrapped = scored[task]["bare"], scored[task][how]
+    kind = "a statement that runs for minutes" if "minutes" in how else "read or change the judge's records through SQL"
+    against_bare(kind, how, task, bare, wrapped)
     assert wrapped.total()[0] <= bare.total()[0], (wrapped.text(), bare.text())
     assert bare.total()[0] > 0, bare.text()  # the bare answer runs: it is wrong, not broken
     said = "took too long" if "minutes" in how else "the judge does not run that SQL"

@@ -13,7 +13,7 @@ the bare one.
 import pytest
 
 import corpus_part2
-from answers import judged
+from answers import against_bare, judged
 from labkit.grading import policy
 
 BARE = corpus_part2.CORPUS["07.2"]["wrong"]["no operation id"][0]
@@ -94,6 +94,7 @@ def test_the_judges_record_of_issued_invoices_is_out_of_reach(scored, how):
     """Each route finds nothing of the judge's record, and the wrapped wrong answer scores no
     more than the bare one."""
     bare, wrapped = scored["bare"], scored[how]
+    against_bare("read or change the judge's records through SQL", how, "07.2", bare, wrapped)
     assert bare.total()[0] > 0 and not bare.passed, bare.text()  # wrong, not broken
     assert "found the judge's records" not in wrapped.text(), wrapped.text()
     assert wrapped.total()[0] <= bare.total()[0], (wrapped.text(), bare.text())

@@ -20,7 +20,7 @@ import zipfile
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
+from kernels import Client as NotebookClient
 
 from labkit.course.release import QUIZ_SAYS, release
 from labkit.grading.notebooks import _BLOCK, ROOT, cell_source

@@ -20,7 +20,7 @@ import sys
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
+from kernels import Client as NotebookClient
 
 from labkit.engines import etcd_cluster, redis_pair
 from labkit.engines.servers import sweep
