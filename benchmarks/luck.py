@@ -50,27 +50,27 @@ def misses(task_id: str, label: str, seeds: int, hostile: bool = False) -> list[
     def answers():
         yield answer
 
-    missed, patch = [], pytest.MonkeyPatch()
-    if hostile:  # undone at the end: this pool process grades other cases next
-        hostile_only(patch, task_id)
-    for _ in range(seeds):
-        report = verdicts.verdict(task_id, answers, label, run=verdicts.draw_seed())
-        lost = {f.prop for f in report.findings if not f.scored}  # as the corpus test reads it
-        if right:
-            miss = not report.passed
-        elif hostile:  # the hostile-rows test's assertion
-            got = {f.prop for f in report.findings if f.broken} | ({report.problem.prop} if report.problem else set())
-            miss = not want <= got or (not want and report.total()[0] > 0)
-        else:  # the corpus test's assertions, one for one
-            miss = report.passed or phrase not in report.text()
-            if not want:  # a constant scores nothing
-                miss = miss or report.total()[0] > 0
-            else:
-                broken = {f.prop for f in report.findings if f.broken}
-                miss = miss or report.problem is not None or lost != want or not want <= broken
-        if miss:
-            missed.append(report.run)
-    patch.undo()
+    missed = []
+    with pytest.MonkeyPatch.context() as patch:  # undone after: this pool process grades other cases next
+        if hostile:
+            hostile_only(patch, task_id)
+        for _ in range(seeds):
+            report = verdicts.verdict(task_id, answers, label, run=verdicts.draw_seed())
+            lost = {f.prop for f in report.findings if not f.scored}  # as the corpus test reads it
+            if right:
+                miss = not report.passed
+            elif hostile:  # the hostile-rows test's assertion
+                got = {f.prop for f in report.findings if f.broken} | ({report.problem.prop} if report.problem else set())
+                miss = not want <= got or (not want and report.total()[0] > 0)
+            else:  # the corpus test's assertions, one for one
+                miss = report.passed or phrase not in report.text()
+                if not want:  # a constant scores nothing
+                    miss = miss or report.total()[0] > 0
+                else:
+                    broken = {f.prop for f in report.findings if f.broken}
+                    miss = miss or report.problem is not None or lost != want or not want <= broken
+            if miss:
+                missed.append(report.run)
     return missed
 
 

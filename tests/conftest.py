@@ -43,9 +43,13 @@ def pytest_terminal_summary(terminalreporter, config):
     if hasattr(config, "workerinput") or not ATTACKS.exists():
         return
     import collections
+    import contextlib
     import json
 
-    rows = [json.loads(line) for line in ATTACKS.read_text().splitlines()]
+    rows = []
+    for line in ATTACKS.read_text().splitlines():
+        with contextlib.suppress(ValueError):  # a line a killed worker left half written
+            rows.append(json.loads(line))
     table = collections.defaultdict(lambda: collections.defaultdict(list))
     for row in rows:
         table[row["kind"]][row["how"]].append(row)

@@ -4,7 +4,7 @@ nbclient waits for a cell's reply in one poll of the shell socket, for up to the
 timeout. Meanwhile an ipywidgets Output widget's ``clear_output`` (``interact`` makes one) has
 nbclient send a comm message on that same socket, and the reply's wake-up can be lost: the cell
 then ends at its timeout, without an error (nbclient issue 312; its fix, PR 311, is not merged).
-Lesson 07's ``interact`` cell waited out its 120 s in CI, and 3 runs of 10 under load here. So
+Lesson 07's ``interact`` cell waited out its 120 s in CI, and in 7 of 36 runs under load here. So
 the shell socket is read in slices: a lost wake-up costs a slice, never the timeout.
 """
 

@@ -30,26 +30,28 @@ LIBC.mmap.restype, LIBC.mmap.argtypes = (
 NAMESPACES = 0x20000 | 0x10000000 | 0x20000000 | 0x8000000 | 0x40000000  # mount user pid ipc net
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, MS_BIND_REC = 1, 24, 4096 | 16384
 PRIVATE_FIXED = 0x02 | 0x20 | 0x10  # MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED
-RAW = ctypes.PyDLL(None)  # libc's fork and kill, called with the GIL held (as os.fork is)
+RAW = ctypes.PyDLL(None, use_errno=True)  # libc's fork and kill, with the GIL held (as os's)
 RAW.kill.argtypes = [ctypes.c_int, ctypes.c_int]
 
 
-def fork(*, _fork=RAW.fork, _child=ctypes.pythonapi.PyOS_AfterFork_Child) -> int:
-    """``os.fork`` without the at-fork hooks and audit event a cell could count workers with;
-    the child gets Python's own setting up after a fork, and a collection zeroing gc's counts."""
+def fork(*, _fork=RAW.fork, _child=ctypes.pythonapi.PyOS_AfterFork_Child, _gc=gc) -> int:
+    """``os.fork`` without the root's at-fork hooks and audit event, which a cell could count
+    workers with (its ``after_in_child`` hooks still run in the child, before its world is its
+    own); the child gets Python's setting up after a fork, and gc's counts zeroed."""
     pid = _fork()
     if pid == 0:
         _child()
-        gc.collect(0)  # the youngest generation: a full one walks the whole heap (20 ms)
+        _gc.collect(0)  # the youngest generation: a full one walks the whole heap (20 ms)
+        _gc.enable()  # the root stills it between cells; every worker starts from the same counts
     elif pid < 0:
         raise OSError(ctypes.get_errno(), "fork a worker")
     return pid
 
 
-def kill(pid: int, *, _kill=RAW.kill, _wait=os.waitpid) -> None:
-    """SIGKILL ``pid`` (libc's kill: no audit event) and reap it (os's wait, taken early)."""
-    if _kill(pid, signal.SIGKILL) == 0:
-        with contextlib.suppress(ChildProcessError):
+def kill(pid: int, *, _kill=RAW.kill, _wait=os.waitpid, _quiet=contextlib.suppress) -> None:
+    """SIGKILL ``pid`` (libc's kill: no audit event) and reap it (what it calls taken early)."""
+    if _kill(pid, 9) == 0:  # SIGKILL
+        with _quiet(ChildProcessError):
             _wait(pid, 0)
 
 

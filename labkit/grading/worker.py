@@ -68,20 +68,24 @@ class _Worker(Peer):
     def main(self) -> None:
         # what forks and kills the workers, taken before any cell runs (a cell may rebind names)
         door, workers, fork, kill = socket.socket(fileno=5), {}, alone.fork, alone.kill
-        self.alone, recv_fds, still = alone.works(), socket.recv_fds, gc.disable
+        self.alone, recv_fds, close = alone.works(), socket.recv_fds, os.close
+        stir, still, untraced = gc.enable, gc.disable, (sys.setprofile, sys.settrace)
         while True:
             message = self.channel.recv()
             op = message["op"]
             if op == "cell":
+                stir()  # a cell runs as in a kernel, its cycles collected
                 error = self.run_cell(message["source"], message["number"])
                 self.channel.send({"op": "ran", "error": error})
                 still()  # no collection in the root moves the gc's counts between workers
+                for off in untraced:  # no profiler or tracer of a cell's sees the forks
+                    off(None)
             elif op == "fork":
                 _, (fd,), _, _ = recv_fds(door, 1, 1)
                 pid = fork()
                 if pid == 0:  # out of these frames: nothing of the root's is left to read
                     raise _Child(fd, message.get("seed"))
-                os.close(fd)  # a later worker must not inherit this one's channel
+                close(fd)  # a later worker must not inherit this one's channel
                 workers[message["worker"]] = pid
             elif op == "kill":  # a crash: the process dies at once, whatever it was doing
                 if pid := workers.pop(message["worker"], None):  # once, if ever
