@@ -45,7 +45,7 @@ def test_the_top_level_holds_the_core_the_commands_and_the_subpackages_only():
 def test_line_budgets_hold():
     """The core reads in one sitting (920), the rest outside grading and engines 6,590, and grading
     as a whole (the checks, the judge with its sandbox, lending policy and workers' processes,
-    the scoring, the intake) 7,075: room to write plainly rather than squeeze lines."""
+    the scoring, the intake) 7,150: room to write plainly rather than squeeze lines."""
     found = counts()
     outside = sum(n for part, n in found.items() if part not in ("grading", "engines", "judge", "scoring"))
     print("\n" + "\n".join(f"{part:>12} {n:6}" for part, n in found.items()))
@@ -60,8 +60,9 @@ def test_line_budgets_hold():
     # schedule a process of its own in a world of its own, a crash a real kill (#22: forks.py,
     # alone.py), a replay drawing each worker's random as its process did (OwnLuck), and the
     # workers forked and killed through libc, so no cell's at-fork hook or audit hook in the root
-    # counts them, and what the root calls between cells taken early (profilers off, gc stilled)
-    assert found["grading"] + found["judge"] + found["scoring"] <= 7075
+    # counts them, and what the root calls between cells taken early (profilers off, gc stilled);
+    # sqlite-utils loaded without numpy in the judge and the worker, an rng crossing as a copy (#22)
+    assert found["grading"] + found["judge"] + found["scoring"] <= 7150
     assert all(found[name] <= 12 for name in COMMANDS)
 
 

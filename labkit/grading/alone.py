@@ -17,10 +17,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import importlib
 import os
 import shutil
 import signal
 import stat
+import sys
 
 LIBC = ctypes.CDLL(None, use_errno=True)
 LIBC.mmap.restype, LIBC.mmap.argtypes = (
@@ -32,6 +34,19 @@ PR_SET_PDEATHSIG, PR_CAPBSET_DROP, MS_BIND_REC = 1, 24, 4096 | 16384
 PRIVATE_FIXED = 0x02 | 0x20 | 0x10  # MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED
 RAW = ctypes.PyDLL(None, use_errno=True)  # libc's fork and kill, with the GIL held (as os's)
 RAW.kill.argtypes = [ctypes.c_int, ctypes.c_int]
+
+
+def sqlite_utils():
+    """sqlite-utils without numpy (unless loaded already): it maps numpy's scalars, which no
+    trial inserts, and would cost each judge and worker 0.1 s and OpenBLAS's spinning threads."""
+    if "numpy" in sys.modules:
+        return importlib.import_module("sqlite_utils")
+    sys.modules["numpy"] = None  # an import of it raises ImportError, as where it is missing
+    try:
+        return importlib.import_module("sqlite_utils")
+    finally:
+        if sys.modules.get("numpy", False) is None:
+            del sys.modules["numpy"]
 
 
 def fork(*, _fork=RAW.fork, _child=ctypes.pythonapi.PyOS_AfterFork_Child, _gc=gc) -> int:

@@ -72,6 +72,7 @@ def _judge(job: tuple) -> dict:
     import signal
 
     from labkit.clock import RealClock
+    from labkit.grading import judge  # noqa: F401 -- loaded once here, not in each notebook's fork
     from labkit.grading.notebooks import cell_source
     from labkit.grading.scores import Report
 

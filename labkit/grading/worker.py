@@ -248,6 +248,7 @@ class ProxyCursor:
 if __name__ == "__main__":
     wire.SANDBOX = True
     try:  # sqlite-utils looks for its plugins once here, not in each schedule's child (20-200 ms)
+        alone.sqlite_utils()  # without numpy (alone.sqlite_utils says why)
         from sqlite_utils.plugins import ensure_plugins_loaded
     except ImportError:  # a Python without sqlite-utils: the answer is lent no Database
         pass
