@@ -9,6 +9,8 @@ runs for minutes: each wrapped answer scores no more than the bare one. (The jud
 are out of every file the answer's SQL reaches: tests/test_judge_records.py.)
 """
 
+import os
+import pathlib
 import sqlite3
 
 import pytest
@@ -16,6 +18,7 @@ import pytest
 import corpus_part1
 import corpus_part2
 from answers import against_bare, judged
+from prerequisites import require_sandbox
 from labkit.grading import policy
 
 CORPUS = {**corpus_part1.CORPUS, **corpus_part2.CORPUS}
@@ -228,3 +231,57 @@ def test_sql_on_the_judges_records_gains_nothing(scored, task, how):
     said = "took too long" if "minutes" in how else "the judge does not run that SQL"
     assert said in wrapped.text(), wrapped.text()
 
+
+
+#: SQL that tries to fill the judge's RAM or memory, each with what stops it. The trial's files
+#: are in /dev/shm and the answer's SQL runs in the judge's process, so each is bounded there
+HOGS = {
+    "grows the trial's file without end": (
+        ["INSERT INTO claims SELECT x FROM claims"] * 40, "database or disk is full"),
+    "builds a string of a hundred million characters": (
+        ["SELECT length(" + "replace(" * 8 + "'x'" + ", 'x', 'xxxxxxxxxx')" * 8 + ")"],
+        "string or blob too big"),
+    "returns a cross join too large to send": (
+        ["INSERT INTO claims SELECT substr(x, 1, 900) FROM claims"] * 8
+        + ["SELECT a.x, b.x FROM claims a, claims b"], "cannot cross to the answer"),
+}
+HOG = """
+def hog(conn, statements):
+    try:
+        for sql in statements:
+            conn.execute(sql)
+    except Exception as exc:
+        return str(exc)
+"""
+
+
+def _peak(reset: bool = False) -> int:
+    """This process's peak resident size in bytes (VmHWM), first reset to the current size."""
+    if reset:
+        pathlib.Path("/proc/self/clear_refs").write_text("5")
+    status = pathlib.Path("/proc/self/status").read_text()
+    return int(status.split("VmHWM:")[1].split()[0]) << 10
+
+
+@pytest.mark.parametrize("how", sorted(HOGS))
+def test_sql_that_would_fill_the_judges_memory_is_stopped_at_its_bound(how):
+    """An answer's SQL on a trial's file cannot grow it past 64 MiB, make a value over 1 MiB,
+    or return a result larger than a message: it gets SQLite's (or the judge's) error, and the
+    judge's process grows by no more than a few of those bounds."""
+    from labkit.grading import judge, lab
+
+    require_sandbox()
+    statements, said = HOGS[how]
+    with judge.Sandbox(timeout=30) as box, lab.scratch() as trial:
+        db = trial.open()
+        db.conn.execute("CREATE TABLE claims (x TEXT)")
+        db.conn.execute("INSERT INTO claims VALUES (?)", ("y" * 1000,))
+        assert box.cell(HOG, 0) is None
+        before = _peak(reset=True)
+        with box.answer("hog", ()) as hog:
+            got = hog(db.conn, statements)
+        grown = _peak() - before
+        size = os.path.getsize(trial.path())
+    assert got is not None and said in got, got
+    # without the bounds: a file of 1 GiB, and the judge 177-211 MiB larger
+    assert size <= lab.TRIAL_PAGES * 4096 and grown < 32 << 20, (size, grown)

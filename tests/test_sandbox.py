@@ -14,6 +14,7 @@ import os
 import pathlib
 import random
 import shutil
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -311,6 +312,71 @@ def test_an_answer_that_loops_forever_times_out_and_breaks_its_box():
             _call(box, "forever")
 
 
+#: a worker that stalls the judge's channel: where the answer's process talks to the judge (the
+#: cells' pipe, fd 4; in a call, its schedule's socket, the one fd it kept), then how it stalls
+_CHANNEL = {
+    "cell": "fd = 4",
+    "call": "import stat\nfd = next(f for f in range(3, 256) if _sock(f))",
+}
+_STALL = {
+    "floods the judge with requests and reads none of the replies": """
+msg = (json.dumps({"op": "req", "id": 1, "what": "len", "args": ["L", []]}) + "\\n").encode()
+for _ in range(20000):
+    os.write(fd, msg)
+time.sleep(600)""",
+    "sends a message a byte at a time, never ending it": """
+while True:
+    os.write(fd, b" ")
+    time.sleep(0.1)""",
+}
+_SOCK = """
+import json, os, stat, time
+def _sock(f):
+    try:
+        return stat.S_ISSOCK(os.fstat(f).st_mode)
+    except OSError:
+        return False
+"""
+
+
+@contextlib.contextmanager
+def _watchdog(seconds: int):
+    """A hang fails the test (SIGALRM interrupts the judge's blocked read or write) instead of
+    stopping the suite: a safety net, not a timed assertion."""
+
+    def expired(*_):
+        raise AssertionError(f"the judge was still waiting after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("where", sorted(_CHANNEL))
+@pytest.mark.parametrize("stall", sorted(_STALL))
+def test_a_worker_that_stalls_the_channel_breaks_its_box_within_the_timeout(where, stall):
+    """Every send and receive of the judge's is bounded as a whole: a worker that stops reading
+    (the judge's replies fill the pipe) or trickles bytes (each read is soon, no message ends)
+    is refused at the per-message timeout, in a cell and in a call, and the box is broken. A
+    cell's request on the cells' pipe is refused as soon as it is read: it is not a cell's reply."""
+    require_sandbox()
+    body = _CHANNEL[where] + _STALL[stall]
+    with _watchdog(60), judge.Sandbox(timeout=2) as box:
+        if where == "cell":
+            with pytest.raises(judge.Refused, match=r"stopped (reading|answering) \(no |out of turn"):
+                box.cell(_SOCK + body, 0)
+        else:
+            source = _SOCK + "def stall(*args):\n" + "\n".join("    " + l for l in body.splitlines())
+            assert box.cell(source, 0) is None
+            with pytest.raises(judge.Refused, match=r"stopped (reading|answering) \(no "):
+                _call(box, "stall")
+        assert box.broken
+
+
 def test_without_bubblewrap_answers_still_run_out_of_process(monkeypatch, capfd):
     monkeypatch.setenv("LABKIT_NO_SANDBOX", "1")
     assert not judge.sandboxed()
@@ -345,3 +411,31 @@ def test_the_judge_answers_and_records_each_request_of_the_answer():
         assert got == random.Random(3).uniform(0, 2)
         assert box.served == [("Connection", "execute", ["SELECT ?", (7,)]),
                               ("Random", "method", ["uniform", [0, 2], {}])]
+
+
+def test_a_fresh_rng_reaches_the_answer_as_its_own_copy_and_cannot_be_drawn_twice():
+    """06.2's ``rng=Fresh(seed)`` crosses as a seed: the answer draws from a ``random.Random`` of
+    its own, the same numbers as ``Random(seed)``, and no draw is a request to the judge. The
+    judge's object is spent: drawing from it, or handing it over again, is refused."""
+    require_sandbox()
+    from labkit.errors import LabkitError
+    from labkit.grading.lab import Fresh
+
+    assert [Fresh(5).uniform(0, 9) for _ in range(2)] == [random.Random(5).uniform(0, 9)] * 2
+    source = "def draw(rng):\n    return type(rng).__module__, [rng.uniform(0, 2) for _ in range(3)]\n"
+    with judge.Sandbox(timeout=5) as box:
+        assert box.cell(source, 0) is None
+        with box.answer("draw", ()) as draw:
+            rng = Fresh(3)
+            got = draw(rng)
+            with pytest.raises(LabkitError, match="handed to the answer"):
+                rng.random()
+            with pytest.raises(LabkitError, match="crosses once"):
+                draw(rng)
+            drawn = Fresh(4)
+            drawn.random()
+            with pytest.raises(LabkitError, match="crosses once"):
+                draw(drawn)
+        mine = random.Random(3)
+        assert got == ("random", [mine.uniform(0, 2) for _ in range(3)])
+        assert box.served == []

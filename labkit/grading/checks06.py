@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from random import Random, getstate as global_state, seed as seed_global, setstate as restore_global
 
-from labkit.grading.lab import between_statements, lease_event, scratch
+from labkit.grading.lab import Fresh, between_statements, lease_event, scratch
 from labkit.clock import VirtualClock
 from labkit.db import execute
 from labkit.grading import BOOL, NUMBER, Schedule, expect_all, hostile, task
@@ -247,13 +247,13 @@ def backoff_check(answer, schedule: Schedule, history: list) -> None:
     try:
         for attempt in _attempts(base, cap, attempts):
             seed_global(attempt * 31 + 1)
-            first = [answer(attempt, base=base, cap=cap, rng=Random(s)) for s in seeds]
+            first = [answer(attempt, base=base, cap=cap, rng=Fresh(s)) for s in seeds]
             seed_global(attempt * 31 + 2)
-            again = [answer(attempt, base=base, cap=cap, rng=Random(s)) for s in seeds[:AGAIN]]
+            again = [answer(attempt, base=base, cap=cap, rng=Fresh(s)) for s in seeds[:AGAIN]]
             runs.append((attempt, min(cap, base * 2**attempt), first, again))
             seed_global(attempt * 31 + 1)  # twice the base and the cap: a backoff's delays double
             twice = [
-                answer(attempt, base=2 * base, cap=2 * cap, rng=Random(s)) for s in seeds[:AGAIN]
+                answer(attempt, base=2 * base, cap=2 * cap, rng=Fresh(s)) for s in seeds[:AGAIN]
             ]
             scales[attempt] = all(
                 _number(d) and math.isclose(d, 2 * f, rel_tol=1e-9, abs_tol=1e-12)

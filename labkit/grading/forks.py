@@ -45,13 +45,17 @@ class Process(wire.Peer):
         self.socket, theirs = socket.socketpair()
         workers.box.fork(number, workers.seed(number), theirs)
         theirs.close()
-        super().__init__(wire.Channel(self.socket.fileno(), self.socket.fileno()))
+        fd, now = self.socket.fileno(), workers.box.channel.now
+        super().__init__(wire.Channel(fd, fd, now))
         self.box, self.number, self.told, self.function = workers.box, number, set(), None
         self.unexpected, self.allow = self.box.unexpected, self.box.allow  # the sandbox's rules
         self.conns: frozenset = frozenset()  # id() of the connections its worker is known by
 
     def wait(self) -> dict:
         return self.box.wait(self.channel)
+
+    def send(self, message: dict) -> None:
+        self.box.send(message, self.channel)
 
     def perform(self, target, what: str, args: list):
         """Do the request; Dead if the worker died meanwhile (at a statement of its own, or of
@@ -90,7 +94,7 @@ class Process(wire.Peer):
 
     def find(self, name: str):
         """The handle of the notebook's function ``name`` in this process (None: no such one)."""
-        self.channel.send({"op": "answer", "name": name})
+        self.send({"op": "answer", "name": name})
         found = self.wait().get("value")
         return found[1] if isinstance(found, list) and found[0] == "H" else None
 

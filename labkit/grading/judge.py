@@ -45,7 +45,7 @@ class Sandbox(wire.Peer):
         self.served: list[tuple] = []  # its requests: (the object's class, what, the arguments)
         self.errors: list[str] = []  # what the cells that raised said, in order
         self.jail = Jail(hide=hide, warn=warn)
-        super().__init__(wire.Channel(self.jail.rfd, self.jail.wfd))
+        super().__init__(wire.Channel(self.jail.rfd, self.jail.wfd, CLOCK.now))
 
     __enter__ = contextlib.AbstractContextManager.__enter__
 
@@ -53,18 +53,23 @@ class Sandbox(wire.Peer):
         self.close()
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.channel.send({"op": "quit"})
+        with contextlib.suppress(OSError):  # a worker that stopped reading is killed with its jail
+            self.channel.send({"op": "quit"}, 1.0)
         self.jail.close()
+
+    def left(self) -> float:
+        """How long the next message may take: the per-message timeout, or what the task has left."""
+        left = self.timeout if self.deadline is None else self.deadline - CLOCK.now()
+        return max(0.0, min(self.timeout, left))
 
     def wait(self, channel: wire.Channel | None = None) -> dict:
         """The next message on ``channel`` (a worker's; None: the notebook's process's)."""
-        left = self.timeout if self.deadline is None else self.deadline - CLOCK.now()
+        allowed = self.left()
         try:
             try:
-                message = (channel or self.channel).recv(max(0.0, min(self.timeout, left)))
+                message = (channel or self.channel).recv(allowed)
             except TimeoutError:
-                if left >= self.timeout:
+                if allowed >= self.timeout:
                     raise
                 raise TimeoutError(f"the task took more than {TASK_LIMIT * self.timeout:g} s")
         except wire.ChannelClosed as exc:
@@ -77,21 +82,31 @@ class Sandbox(wire.Peer):
             raise Refused(f"the answer's process stopped answering ({exc})") from None
         return message
 
+    def send(self, message: dict, channel: wire.Channel | None = None) -> None:
+        """Send on ``channel`` (None: the notebook's process's) within :meth:`left`: a worker
+        that stops reading breaks the sandbox, as one that stops answering does."""
+        try:
+            (channel or self.channel).send(message, self.left())
+        except OSError as exc:  # TimeoutError among them
+            self.broken = True
+            raise Refused(f"the answer's process stopped reading ({exc})") from None
+
     def unexpected(self, message: dict) -> None:
         self.broken = True
         raise Refused(f"the answer's process sent {str(message.get('op'))[:40]!r} out of turn")
 
-    def _ask(self, message: dict, reply: bool = True) -> dict | None:
-        try:
-            self.channel.send(message)
-        except OSError as exc:
-            self.broken = True
-            raise Refused(f"the answer's process is gone ({exc})") from None
-        return self.wait() if reply else None
+    def _ask(self, message: dict, reply: str | None) -> dict | None:
+        """Send ``message`` to the notebook's process; its answer, which must be a ``reply``."""
+        self.send(message)
+        if reply is None:
+            return None
+        if (answer := self.wait())["op"] != reply:  # a cell's own write to the channel, say
+            self.unexpected(answer)
+        return answer
 
     def cell(self, source: str, number: int) -> str | None:
         """Run one code cell in the worker; its error in words (also kept in ``errors``), or None."""
-        error = self._ask({"op": "cell", "source": source, "number": number}).get("error")
+        error = self._ask({"op": "cell", "source": source, "number": number}, "ran").get("error")
         if error:
             first = next((line for line in source.splitlines() if line.strip()), "")
             self.errors.append(f"the cell that begins {first.strip()[:60]!r} raised {error}")
@@ -105,7 +120,7 @@ class Sandbox(wire.Peer):
 
     def fork(self, number: int, seed, channel: socket.socket) -> None:
         """Fork the worker ``number`` of this schedule, speaking on ``channel`` (its end)."""
-        self._ask({"op": "fork", "worker": number, "seed": seed}, reply=False)
+        self._ask({"op": "fork", "worker": number, "seed": seed}, None)
         try:
             socket.send_fds(self.jail.door, [b"."], [channel.fileno()])
         except OSError as exc:
@@ -114,7 +129,7 @@ class Sandbox(wire.Peer):
 
     def kill(self, number: int) -> None:
         """Kill the worker ``number`` of this schedule at once (SIGKILL), as a crash does."""
-        self._ask({"op": "kill", "worker": number})
+        self._ask({"op": "kill", "worker": number}, "killed")
 
     def perform(self, target, what: str, args: list):
         """Run the answer's SQL under the allow-list of :func:`~labkit.grading.policy.authorizer`
@@ -170,7 +185,7 @@ class Sandbox(wire.Peer):
             workers.close()
             if not self.broken:
                 with contextlib.suppress(Refused):
-                    self._ask({"op": "end"})
+                    self._ask({"op": "end"}, "done")
 
 
 def judge(items: list[tuple], tasks=None, *, hide=(), timeout=30.0, run=None, box=None) -> dict:

@@ -18,14 +18,50 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from random import Random
 from typing import Callable, Iterable
 
 from labkit.errors import Busy, LabkitError
+from labkit.grading import wire
 from labkit.sim.files import connect_file, scratch_folder
 from labkit.sim.history import Event
+
+
+class Fresh(Random):
+    """``random.Random(seed)`` that reaches a sandboxed answer as a copy, built there from the
+    seed, so that its draws are not each a request to the judge. It crosses once and undrawn;
+    then its draws are the copy's, and drawing here as well is refused (it would repeat them)."""
+
+    def __init__(self, seed: int) -> None:
+        if type(seed) is not int:
+            raise TypeError(f"seed: an int, not {type(seed).__name__}")
+        super().__init__(seed)
+        self._labkit_seed = seed  # None once drawn here; False once handed over
+
+    def _spend(self) -> None:
+        if self._labkit_seed is False:
+            raise LabkitError("this rng was handed to the answer: its draws are the answer's")
+        self._labkit_seed = None
+
+    def random(self) -> float:
+        self._spend()
+        return super().random()
+
+    def getrandbits(self, k: int) -> int:
+        self._spend()
+        return super().getrandbits(k)
+
+    def hand_over(self) -> int:
+        if self._labkit_seed is None or self._labkit_seed is False:
+            raise LabkitError("a Fresh rng crosses once, before any draw of it")
+        seed, self._labkit_seed = self._labkit_seed, False
+        return seed
+
+
+wire.COPIED[Fresh] = Fresh.hand_over
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +127,11 @@ def schedules(
     return out
 
 
+#: what a trial's file may grow to, in pages (of 4 KiB: 64 MiB), and the longest string, blob or
+#: statement in it (1 MiB): the files are in RAM, and the answer's SQL runs in the judge's process
+TRIAL_PAGES, LONGEST = 16384, 1 << 20
+
+
 class Scratch:
     """A trial's temporary folder of SQLite files; ``opened`` lists the connections :meth:`open` made."""
 
@@ -101,10 +142,14 @@ class Scratch:
         return os.path.join(self.folder, name)
 
     def open(self, name: str = "check.db"):
-        """A new connection (busy timeout 0, no fsync, the schema not trusted: an answer's SQL
-        may run on it) to file ``name`` in the folder."""
+        """A new connection (busy timeout 0, no fsync, the schema not trusted, the file and its
+        values bounded: an answer's SQL may run on it) to file ``name`` in the folder."""
         self.opened.append(connect_file(self.path(name)))
-        self.opened[-1].conn.execute("PRAGMA trusted_schema = OFF")
+        conn = self.opened[-1].conn
+        conn.execute("PRAGMA trusted_schema = OFF")
+        conn.execute(f"PRAGMA max_page_count = {TRIAL_PAGES:d}")  # a constant, not a value
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, LONGEST)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, LONGEST)
         return self.opened[-1]
 
 

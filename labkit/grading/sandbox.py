@@ -92,7 +92,8 @@ def _argv(tool: str, hide, uid: int | None = None) -> list[str]:
             argv += ["--tmpfs", place, "--remount-ro", place]
     argv += ["--tmpfs", str(LABKIT / "grading"), "--ro-bind", str(WORKER), "/tmp/.labkit/worker.py"]
     argv += ["--ro-bind", str(WIRE), "/tmp/.labkit/wire.py"]
-    argv += ["--ro-bind", str(WIRE.with_name("alone.py")), "/tmp/.labkit/alone.py"]
+    for name in ("alone.py", "channel.py"):
+        argv += ["--ro-bind", str(WIRE.with_name(name)), f"/tmp/.labkit/{name}"]
     for place in (str(LABKIT / "grading"), "/dev", "/"):  # no tmpfs but /tmp can be written
         argv += ["--remount-ro", place]
     if uid is None:

@@ -1,7 +1,7 @@
 """The one codec and request loop that the judge and the sandboxed worker share.
 
-Messages are JSON objects, one per line, over a pair of file descriptors (:class:`Channel`).
-Values cross as the plain types of :func:`encode`; every other object stays where it lives and
+Messages are JSON objects, one per line, over a pair of file descriptors
+(:class:`~labkit.grading.channel.Channel`). Values cross as the plain types of :func:`encode`; every other object stays where it lives and
 the other side gets a :class:`Remote` of it, whose uses are requests (:class:`Peer`). This
 module imports nothing of ``labkit.grading``: the sandbox sees it and no check. Hand-written
 because the message set is a handful of operations over a pipe; an RPC library would be one
@@ -13,50 +13,20 @@ from __future__ import annotations
 import base64
 import dataclasses
 import importlib
-import json
-import os
-import select
+import random
 import sys
+
+if __package__:
+    from labkit.grading.channel import LIMIT, Channel, ChannelClosed
+else:  # in the sandbox, beside channel.py
+    from channel import LIMIT, Channel, ChannelClosed
 
 #: True in the sandboxed worker: classes may be imported; the judge only uses what it loaded
 SANDBOX = False
 
-LIMIT = 8 << 20  # the longest message either side accepts, in bytes
-
-
-class ChannelClosed(Exception):
-    """The other side is gone, or sent what is not a message (``why`` says which)."""
-
-
-class Channel:
-    """Newline-framed JSON over two file descriptors, with a deadline on every read."""
-
-    def __init__(self, rfd: int, wfd: int) -> None:
-        self.rfd, self.wfd, self.buffer = rfd, wfd, b""
-
-    def send(self, message: dict) -> None:
-        data = json.dumps(message, separators=(",", ":")).encode() + b"\n"
-        while data:
-            data = data[os.write(self.wfd, data) :]
-
-    def recv(self, timeout: float | None = None) -> dict:
-        while b"\n" not in self.buffer:
-            if len(self.buffer) > LIMIT:
-                raise ChannelClosed(f"a message over {LIMIT} bytes")
-            if timeout is not None and not select.select([self.rfd], [], [], timeout)[0]:
-                raise TimeoutError(f"no answer within {timeout:g} s")
-            chunk = os.read(self.rfd, 1 << 16)
-            if not chunk:
-                raise ChannelClosed("the other side closed the channel")
-            self.buffer += chunk
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        try:
-            message = json.loads(line)
-        except ValueError:
-            raise ChannelClosed("a message that is not JSON") from None
-        if not isinstance(message, dict):
-            raise ChannelClosed("a message that is not an object")
-        return message
+#: rng types that cross as the seed of a ``random.Random`` built over there, each with the function
+#: that hands one over (the judge's ``labkit.grading.lab.Fresh``)
+COPIED: dict = {}
 
 
 class NotCrossable(TypeError):
@@ -72,7 +42,8 @@ def encode(value, handle):
     """``value`` as JSON: exact None/bool/int/float/str, tagged lists ``["L", ...]``, tuples
     ``["T", ...]``, dicts ``["D", pairs]``, bytes ``["B", b64]``, labkit frozen dataclasses
     ``["E", module, name, fields]`` (rebuilt field by field, ``__post_init__`` skipped: a
-    ``Tx`` keeps its connection); anything else becomes ``handle(value)``."""
+    ``Tx`` keeps its connection), an rng of a type in :data:`COPIED` ``["R", seed]``; anything
+    else becomes ``handle(value)``."""
     kind = type(value)
     if value is None or kind in (bool, int, float, str):
         return value
@@ -82,6 +53,8 @@ def encode(value, handle):
         return ["D", [[encode(k, handle), encode(v, handle)] for k, v in value.items()]]
     if kind is bytes:
         return ["B", base64.b64encode(value).decode()]
+    if kind in COPIED:
+        return ["R", COPIED[kind](value)]
     params = getattr(kind, "__dataclass_params__", None)
     if params is not None and params.frozen and _allowed(kind.__module__):
         fields = {f.name: encode(getattr(value, f.name), handle) for f in dataclasses.fields(value)}
@@ -101,6 +74,8 @@ def decode(data, resolve):
         return {decode(k, resolve): decode(v, resolve) for k, v in body}
     if tag == "B":
         return base64.b64decode(body)
+    if tag == "R" and type(body) is int:
+        return random.Random(body)
     if tag == "E":  # field by field, as it was on the other side (a Tx keeps its connection)
         cls = find_class(data[1], data[2])
         if not isinstance(cls, type) or not dataclasses.is_dataclass(cls):
@@ -200,7 +175,7 @@ class Peer:
     def request(self, ident, what: str, *args, raw: bool = False):
         """Ask the other side to do ``what`` to its object ``ident``, serving it meanwhile
         (``raw``: return the reply's value undecoded)."""
-        self.channel.send({"op": "req", "id": ident, "what": what, "args": self.out(list(args))})
+        self.send({"op": "req", "id": ident, "what": what, "args": self.out(list(args))})
         while True:
             message = self.wait()
             if message["op"] == "reply":
@@ -214,6 +189,9 @@ class Peer:
 
     def wait(self) -> dict:
         return self.channel.recv()
+
+    def send(self, message: dict) -> None:
+        self.channel.send(message)
 
     def unexpected(self, message: dict) -> None:
         raise ChannelClosed(f"unexpected {message.get('op')!r}")
@@ -239,7 +217,7 @@ class Peer:
         except Exception as exc:  # the object raised: the other side sees it, as in-process
             self.raised[id(exc)] = exc
             reply = {"op": "error", "exc": describe(exc, id(exc))}
-        self.channel.send(reply)
+        self.send(reply)
 
 
 def perform(target, what: str, args: list):
@@ -258,7 +236,7 @@ def perform(target, what: str, args: list):
         return target(*args[0], **args[1])
     if what in ("execute", "executemany", "executescript"):
         cursor = getattr(target, what)(*args)
-        rows, names = cursor.fetchall(), cursor.description
+        rows, names = _rows(cursor), cursor.description
         names = None if names is None else [d[0] for d in names]
         return {
             "rows": rows,
@@ -284,6 +262,18 @@ def perform(target, what: str, args: list):
     if what not in simple:
         raise AttributeError(f"no such request {what!r}")
     return simple[what](target)
+
+
+def _rows(cursor) -> list:
+    """The cursor's rows, refused once they pass what one message carries (:data:`LIMIT`): a
+    result too large to cross does not fill the memory of the side that runs the SQL first."""
+    rows, size = [], 0
+    for row in cursor:
+        size += sum(len(v) if isinstance(v, (str, bytes)) else 8 for v in row)
+        if size > LIMIT:
+            raise ValueError(f"a result of over {LIMIT} bytes: it cannot cross to the answer")
+        rows.append(row)
+    return rows
 
 
 class Remote:
