@@ -439,3 +439,36 @@ def test_a_fresh_rng_reaches_the_answer_as_its_own_copy_and_cannot_be_drawn_twic
         mine = random.Random(3)
         assert got == ("random", [mine.uniform(0, 2) for _ in range(3)])
         assert box.served == []
+
+
+def test_a_lent_connection_reads_its_state_as_the_judge_has_it_with_fewer_round_trips():
+    """``in_transaction`` right after a statement comes with its reply, and ``isolation_level``
+    with the lending; once judge code has run (a helper that commits), the proxy asks again, so
+    the answer always reads what the judge's connection says."""
+    require_sandbox()
+    from labkit.grading import lab
+
+    source = """
+def probe(conn, helper):
+    conn.execute("BEGIN")
+    seen = [conn.in_transaction]
+    helper()
+    seen.append(conn.in_transaction)
+    conn.execute("BEGIN")
+    seen.append(conn.in_transaction)
+    conn.execute("COMMIT")
+    return seen + [conn.in_transaction, conn.isolation_level]
+"""
+    with judge.Sandbox(timeout=5) as box, lab.scratch() as trial:
+        db = trial.open()
+
+        def helper() -> None:  # judge code, on the same connection
+            db.conn.execute("COMMIT")
+
+        helper.__module__ = "labkit.tests"  # lendable, as labkit's own callbacks are
+        assert box.cell(source, 0) is None
+        with box.answer("probe", ()) as probe:
+            seen = probe(db.conn, helper)
+        reads = [args[0] for kind, what, args in box.served if what == "getattr"]
+    assert seen == [True, False, True, False, None]
+    assert reads == ["in_transaction"]  # the one read after the helper ran

@@ -84,9 +84,9 @@ class Process(wire.Peer):
 
         if isinstance(value, sqlite3.Connection):
             self.box.lent.add(value)
-            return ["conn"]
+            return ["conn", value.isolation_level]  # None (labkit's), and an answer sets only None
         if isinstance(value, sqlite_utils.Database):
-            return ["db", self.handle(value.conn)[1]]
+            return ["db", self.handle(value.conn)]
         kind = type(value)
         methods = None if kind in self.told else _methods(kind)  # once per class and process
         self.told.add(kind)

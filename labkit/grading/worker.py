@@ -39,11 +39,11 @@ class _Worker(Peer):
 
     def proxy(self, tagged):
         if tagged[2] == "conn":
-            return _connection(self, tagged[1])
+            return _connection(self, tagged[1], tagged[3])
         if tagged[2] == "db":
             import sqlite_utils
 
-            conn = self.resolve(["H", tagged[3], "conn"])
+            conn = self.resolve(tagged[3])
             return sqlite_utils.Database(conn, recursive_triggers=False)
         if len(tagged) != 6:
             return Remote(self, tagged[1])
@@ -130,7 +130,13 @@ class _Child(BaseException):
 
 class ProxyConnection(sqlite3.Connection):
     """A ``sqlite3.Connection`` (for isinstance and sqlite-utils) whose statements run in the
-    judge. Its own database is an empty ``:memory:`` one: what bypasses the proxy lands nowhere."""
+    judge. Its own database is an empty ``:memory:`` one: what bypasses the proxy lands nowhere.
+
+    Two reads need no round trip: ``isolation_level``, sent when the connection was lent (the
+    judge never changes it, the answer only through this proxy), and ``in_transaction`` just
+    after a statement, from its reply, until anything else crosses (judge code may run then)."""
+
+    _labkit_txn = (None, -1)  # (in_transaction, the peer's crossings when the judge said so)
 
     def _ask(self, what: str, *args):
         return self._labkit_peer.request(self._labkit_id, what, *args)
@@ -165,6 +171,9 @@ class ProxyConnection(sqlite3.Connection):
 
     @property
     def in_transaction(self):
+        value, when = self._labkit_txn
+        if when == self._labkit_peer.crossings:
+            return value
         return self._ask("getattr", "in_transaction")
 
     @property
@@ -173,11 +182,12 @@ class ProxyConnection(sqlite3.Connection):
 
     @property
     def isolation_level(self):
-        return self._ask("getattr", "isolation_level")
+        return self._labkit_level
 
     @isolation_level.setter
     def isolation_level(self, value):
         self._ask("setattr", "isolation_level", value)
+        self._labkit_level = value
 
 
 def _reap() -> None:
@@ -189,9 +199,9 @@ def _reap() -> None:
         pass
 
 
-def _connection(peer: Peer, ident) -> ProxyConnection:
+def _connection(peer: Peer, ident, level) -> ProxyConnection:
     conn = sqlite3.connect(":memory:", factory=ProxyConnection, check_same_thread=False)
-    conn._labkit_peer, conn._labkit_id = peer, ident
+    conn._labkit_peer, conn._labkit_id, conn._labkit_level = peer, ident, level
     return conn
 
 
@@ -206,6 +216,10 @@ class ProxyCursor:
 
     def _run(self, what: str, *args) -> ProxyCursor:
         got = self.connection._ask(what, *args)
+        self.connection._labkit_txn = (
+            got["in_transaction"],
+            self.connection._labkit_peer.crossings,
+        )
         self.rows = list(got["rows"])
         self.rowcount, self.lastrowid = got["rowcount"], got["lastrowid"]
         names = got["description"]
