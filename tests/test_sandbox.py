@@ -472,3 +472,48 @@ def probe(conn, helper):
         reads = [args[0] for kind, what, args in box.served if what == "getattr"]
     assert seen == [True, False, True, False, None]
     assert reads == ["in_transaction"]  # the one read after the helper ran
+
+
+#: a cell's ways to leave a mark in every worker of every schedule before (or outside) the
+#: worker's world is its own; each probe reads how many marks it finds
+_MARKS = {
+    "a file in /tmp": "def _mark():\n    pass\n",
+    "a file in the working folder (the root's /tmp)": "def _mark():\n    pass\nos.chdir('/tmp')\n",
+    "an at-fork hook writes to /tmp": "def _mark():\n    _write()\nos.register_at_fork(after_in_child=_mark)\n",
+    "an audit hook writes to /tmp at the first event": (
+        "_first = [True]\ndef _mark(event, args):\n    if _first[0]:\n        _first[0] = False\n"
+        "        _write()\nsys.addaudithook(_mark)\n"),
+    "a gc callback writes to /tmp": (
+        "_first = [True]\ndef _mark(phase, info):\n    if _first[0]:\n        _first[0] = False\n"
+        "        _write()\ngc.callbacks.append(_mark)\n"),
+}
+_PROBE = """
+import gc, os, sys
+def _write():
+    try:
+        with open("/tmp/.marks", "a") as f:
+            f.write("x")
+    except OSError:
+        pass
+{mark}
+def probe():
+    for place in ("/tmp/.marks", ".marks"):
+        with open(place, "a") as f:  # the probe's own mark: a count of the schedules, if shared
+            f.write("x")
+    return [len(open(place).read()) for place in ("/tmp/.marks", ".marks")]
+"""
+
+
+@pytest.mark.parametrize("how", sorted(_MARKS))
+def test_no_cell_can_leave_a_mark_that_counts_the_schedules(how):
+    """Whatever a cell registers (an at-fork hook, an audit hook, a gc callback) or leaves (its
+    working folder in the root's /tmp), every worker of every schedule finds the same marks:
+    the hooks run only once the worker's world is its own, and its working folder is its own."""
+    require_sandbox()
+    with judge.Sandbox(timeout=5) as box:
+        assert box.cell(_PROBE.replace("{mark}", _MARKS[how]), 0) is None
+        counts = []
+        for _ in range(4):
+            with box.answer("probe", ()) as probe:
+                counts.append(probe())
+    assert counts == [counts[0]] * 4, counts

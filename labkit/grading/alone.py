@@ -49,18 +49,80 @@ def sqlite_utils():
             del sys.modules["numpy"]
 
 
-def fork(*, _fork=RAW.fork, _child=ctypes.pythonapi.PyOS_AfterFork_Child, _gc=gc) -> int:
-    """``os.fork`` without the root's at-fork hooks and audit event, which a cell could count
-    workers with (its ``after_in_child`` hooks still run in the child, before its world is its
-    own); the child gets Python's setting up after a fork, and gc's counts zeroed."""
+class Hooks:
+    """The interpreter's pointers to the hooks a cell may add that would run in a forked worker
+    before its world is its own: its three at-fork hook lists (before, after in the parent,
+    after in the child) and its audit hooks. :meth:`mute` empties them, :meth:`unmute` puts
+    back what it emptied. Python 3.11 gives no way to them, so they are looked for in the
+    interpreter's state before any cell runs (:meth:`find`): the at-fork lists by three
+    sentinel hooks, the audit list as the one pointer that a first audit hook sets."""
+
+    def __init__(self, forks, child: list, audit) -> None:
+        self.forks, self.child, self.audit, self.saved = forks, child, audit, None
+
+    @classmethod
+    def find(cls) -> Hooks | None:
+        marks = (lambda: None, lambda: None, lambda: None)
+        os.register_at_fork(before=marks[0], after_in_parent=marks[1], after_in_child=marks[2])
+        lists = [next(r for r in gc.get_referrers(m) if type(r) is list) for m in marks]
+        get = ctypes.pythonapi.PyInterpreterState_Get
+        get.restype = ctypes.c_void_p
+        base, word, size = get(), ctypes.sizeof(ctypes.c_void_p), 4096
+        words, want = (ctypes.c_void_p * size).from_address(base), [id(x) for x in lists]
+        at = next((i for i in range(size - 2) if words[i : i + 3] == want), None)
+        before, mark = words[:], lambda event, args: None
+        sys.addaudithook(mark)  # the first: it makes the audit list (a list, with ``mark`` in it)
+        made = [i for i in range(size) if before[i] is None and words[i] is not None]
+        made = [i for i in made if _is_list_of(words[i], mark)]
+        if at is None or len(made) != 1:
+            return None
+        forks = (ctypes.c_void_p * 3).from_address(base + at * word)
+        return cls(forks, lists[2], (ctypes.c_void_p * 1).from_address(base + made[0] * word))
+
+    def mute(self) -> None:
+        self.saved = (self.forks[:], self.audit[:])
+        self.forks[:], self.audit[:] = (None, None, None), (None,)
+
+    def unmute(self) -> None:
+        self.forks[:], self.audit[:] = self.saved
+
+
+def _is_list_of(address: int, item) -> bool:
+    """Whether the object at ``address`` (a pointer the interpreter just set) is a list holding
+    ``item``: its type is read first, so only a list is taken for one."""
+    if (ctypes.c_void_p * 2).from_address(address)[1] != id(list):
+        return False
+    return item in ctypes.cast(address, ctypes.py_object).value
+
+
+def fork(hooks, *, _fork=RAW.fork, _child=ctypes.pythonapi.PyOS_AfterFork_Child) -> int:
+    """``os.fork`` without the at-fork hooks and the audit event, which a cell could count
+    workers with: ``hooks`` (:class:`Hooks`) are muted around the fork, and in the child stay
+    muted until :func:`settle`, once its world is its own; it gets Python's setting up."""
+    if hooks:
+        hooks.mute()
     pid = _fork()
     if pid == 0:
         _child()
-        _gc.collect(0)  # the youngest generation: a full one walks the whole heap (20 ms)
-        _gc.enable()  # the root stills it between cells; every worker starts from the same counts
-    elif pid < 0:
+        return 0
+    if hooks:
+        hooks.unmute()
+    if pid < 0:
         raise OSError(ctypes.get_errno(), "fork a worker")
     return pid
+
+
+def settle(hooks, *, _gc=gc) -> None:
+    """What a forked worker does once its world is its own: the hooks back, gc on from zeroed
+    counts (its callbacks may be a cell's), then the child's at-fork hooks, the cells' and the
+    standard library's (threading's, random's), as after ``os.fork``."""
+    if hooks:
+        hooks.unmute()
+    _gc.collect(0)  # the youngest generation: a full one walks the whole heap (20 ms)
+    _gc.enable()  # the root stills it between cells; every worker starts from the same counts
+    for hook in list(hooks.child) if hooks else ():
+        with contextlib.suppress(Exception):  # as after os.fork: a hook's error is ignored
+            hook()
 
 
 def kill(pid: int, *, _kill=RAW.kill, _wait=os.waitpid, _quiet=contextlib.suppress) -> None:
@@ -111,8 +173,13 @@ def alone() -> bool:
 
 def _own_tmp() -> None:
     """A fresh /tmp with what the cells left there (plain files, folders and links), and each
-    of the sandbox's read-only places under /tmp (a checkout kept there) bound again."""
+    of the sandbox's read-only places under /tmp (a checkout kept there) bound again; the
+    working folder is then the new one of its name (the old one, in the root's /tmp, is shared)."""
     kept, size = os.open("/tmp", os.O_RDONLY | os.O_DIRECTORY), os.statvfs("/tmp")
+    try:
+        here = os.getcwd()
+    except OSError:  # a cell removed it
+        here = "/tmp"
     old = f"/proc/self/fd/{kept}"
     with open("/proc/self/mountinfo") as f:
         points = {line.split()[4] for line in f} - {"/tmp"}
@@ -136,6 +203,7 @@ def _own_tmp() -> None:
         if LIBC.mount(source.encode(), place.encode(), None, MS_BIND_REC, None) != 0:
             raise OSError(ctypes.get_errno(), f"bind {place} again")
     os.close(kept)
+    os.chdir(here if os.path.isdir(here) else "/tmp")  # by name: the new one where it is /tmp's
 
 
 def powerless() -> None:

@@ -69,6 +69,7 @@ class _Worker(Peer):
         # what forks and kills the workers, taken before any cell runs (a cell may rebind names)
         door, workers, fork, kill = socket.socket(fileno=5), {}, alone.fork, alone.kill
         self.alone, recv_fds, close = alone.works(), socket.recv_fds, os.close
+        self.hooks, self.settle = alone.Hooks.find(), alone.settle
         stir, still, untraced = gc.enable, gc.disable, (sys.setprofile, sys.settrace)
         while True:
             message = self.channel.recv()
@@ -82,7 +83,7 @@ class _Worker(Peer):
                     off(None)
             elif op == "fork":
                 _, (fd,), _, _ = recv_fds(door, 1, 1)
-                pid = fork()
+                pid = fork(self.hooks)
                 if pid == 0:  # out of these frames: nothing of the root's is left to read
                     raise _Child(fd, message.get("seed"))
                 close(fd)  # a later worker must not inherit this one's channel
@@ -110,6 +111,7 @@ class _Worker(Peer):
                     os.waitpid(inner, 0)
                     os._exit(0)
                 alone.powerless()
+            self.settle(self.hooks)  # the cells' at-fork hooks and gc callbacks run from here
             random.seed(seed)
             del seed
             self.channel = Channel(fd, fd)
