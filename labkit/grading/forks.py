@@ -50,11 +50,16 @@ class Process(wire.Peer):
         self.box, self.number, self.told, self.function = workers.box, number, set(), None
         self.unexpected, self.allow = self.box.unexpected, self.box.allow  # the sandbox's rules
         self.conns: frozenset = frozenset()  # id() of the connections its worker is known by
+        self.lent: dict = {}  # id() -> each connection lent to this process
 
     def wait(self) -> dict:
         return self.box.wait(self.channel)
 
     def send(self, message: dict) -> None:
+        """Send, with whether each connection lent to this process is in a transaction: the
+        worker runs only between a message of the judge's and its next one, so that holds
+        until it asks again, and it reads ``in_transaction`` without a round trip."""
+        message["txn"] = [[k, c.in_transaction] for k, c in self.lent.items() if _open(c)]
         self.box.send(message, self.channel)
 
     def perform(self, target, what: str, args: list):
@@ -84,6 +89,7 @@ class Process(wire.Peer):
 
         if isinstance(value, sqlite3.Connection):
             self.box.lent.add(value)
+            self.lent[id(value)] = value
             return ["conn", value.isolation_level]  # None (labkit's), and an answer sets only None
         if isinstance(value, sqlite_utils.Database):
             return ["db", self.handle(value.conn)]
@@ -97,6 +103,13 @@ class Process(wire.Peer):
         self.send({"op": "answer", "name": name})
         found = self.wait().get("value")
         return found[1] if isinstance(found, list) and found[0] == "H" else None
+
+
+def _open(conn: sqlite3.Connection) -> bool:
+    try:
+        return conn.total_changes >= 0
+    except sqlite3.ProgrammingError:  # closed
+        return False
 
 
 class Workers:

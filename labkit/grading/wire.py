@@ -140,7 +140,6 @@ class Peer:
     def __init__(self, channel: Channel) -> None:
         self.channel, self.mine, self.theirs, self.ids = channel, {}, {}, {}
         self.raised = {}  # id -> an exception of ours the other side saw
-        self.crossings = 0  # requests sent and served: what the other side did is unseen between
 
     def handle(self, value):
         """``["Y", id]`` for the other side's own object coming back, else ``["H", id, kind]``."""
@@ -176,7 +175,6 @@ class Peer:
     def request(self, ident, what: str, *args, raw: bool = False):
         """Ask the other side to do ``what`` to its object ``ident``, serving it meanwhile
         (``raw``: return the reply's value undecoded)."""
-        self.crossings += 1
         self.send({"op": "req", "id": ident, "what": what, "args": self.out(list(args))})
         while True:
             message = self.wait()
@@ -211,7 +209,6 @@ class Peer:
 
     def serve(self, message: dict) -> None:
         """Carry out one request on one of our objects, and reply (or send its exception)."""
-        self.crossings += 1
         try:
             target, args = self.mine[message["id"]], self.into(message["args"])
             self.allow(target, message["what"], args)
@@ -246,7 +243,6 @@ def perform(target, what: str, args: list):
             "rowcount": cursor.rowcount,
             "lastrowid": cursor.lastrowid,
             "description": names,
-            "in_transaction": target.in_transaction,
         }
     if what == "exit":
         exc = None if args[0] is None else rebuild(args[0], keep_name=False)

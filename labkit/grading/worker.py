@@ -37,6 +37,14 @@ class _Worker(Peer):
         super().__init__(channel)
         self.ns, self.methods = {"__name__": "__main__"}, {}
 
+    def wait(self) -> dict:
+        """The next message; what it says of the lent connections' transactions is kept."""
+        message = self.channel.recv()
+        for ident, state in message.get("txn", ()):
+            if isinstance(conn := self.theirs.get(ident), ProxyConnection):
+                conn._labkit_txn = state
+        return message
+
     def proxy(self, tagged):
         if tagged[2] == "conn":
             return _connection(self, tagged[1], tagged[3])
@@ -115,7 +123,7 @@ class _Worker(Peer):
             random.seed(seed)
             del seed
             self.channel = Channel(fd, fd)
-            while (message := self.channel.recv())["op"] in ("answer", "req"):
+            while (message := self.wait())["op"] in ("answer", "req"):
                 if message["op"] == "req":
                     self.serve(message)
                     continue
@@ -135,10 +143,10 @@ class ProxyConnection(sqlite3.Connection):
     judge. Its own database is an empty ``:memory:`` one: what bypasses the proxy lands nowhere.
 
     Two reads need no round trip: ``isolation_level``, sent when the connection was lent (the
-    judge never changes it, the answer only through this proxy), and ``in_transaction`` just
-    after a statement, from its reply, until anything else crosses (judge code may run then)."""
+    judge never changes it, the answer only through this proxy), and ``in_transaction``, which
+    comes with every message of the judge's (``txn``: it holds until the worker's next one)."""
 
-    _labkit_txn = (None, -1)  # (in_transaction, the peer's crossings when the judge said so)
+    _labkit_txn = None  # in_transaction, as the judge's last message said (None: not yet)
 
     def _ask(self, what: str, *args):
         return self._labkit_peer.request(self._labkit_id, what, *args)
@@ -173,10 +181,9 @@ class ProxyConnection(sqlite3.Connection):
 
     @property
     def in_transaction(self):
-        value, when = self._labkit_txn
-        if when == self._labkit_peer.crossings:
-            return value
-        return self._ask("getattr", "in_transaction")
+        if self._labkit_txn is None:
+            return self._ask("getattr", "in_transaction")
+        return self._labkit_txn
 
     @property
     def total_changes(self):
@@ -218,10 +225,6 @@ class ProxyCursor:
 
     def _run(self, what: str, *args) -> ProxyCursor:
         got = self.connection._ask(what, *args)
-        self.connection._labkit_txn = (
-            got["in_transaction"],
-            self.connection._labkit_peer.crossings,
-        )
         self.rows = list(got["rows"])
         self.rowcount, self.lastrowid = got["rowcount"], got["lastrowid"]
         names = got["description"]
