@@ -28,7 +28,8 @@ class Channel:
         self.rfd, self.wfd, self.buffer, self.now = rfd, wfd, b"", now
 
     def _wait(self, fd: int, end: float | None, timeout: float, write: bool = False) -> None:
-        """Until ``fd`` can be read (``write``: written) without blocking; TimeoutError at ``end``."""
+        """Wait until ``fd`` can be read (``write``: written) without blocking, or TimeoutError
+        at ``end`` (None: no wait at all; the sandboxed worker's side blocks in the call)."""
         left = None if end is None else end - self.now()
         if left is not None and (left <= 0 or not any(select.select(*_ON[write](fd), left))):
             raise TimeoutError(f"no {'reading' if write else 'answer'} within {timeout:g} s")

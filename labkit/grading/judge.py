@@ -58,7 +58,8 @@ class Sandbox(wire.Peer):
         self.jail.close()
 
     def left(self) -> float:
-        """How long the next message may take: the per-message timeout, or what the task has left."""
+        """How long the next message may take: the per-message timeout, or less if the task has
+        less left."""
         left = self.timeout if self.deadline is None else self.deadline - CLOCK.now()
         return max(0.0, min(self.timeout, left))
 

@@ -1,11 +1,12 @@
 """The one codec and request loop that the judge and the sandboxed worker share.
 
 Messages are JSON objects, one per line, over a pair of file descriptors
-(:class:`~labkit.grading.channel.Channel`). Values cross as the plain types of :func:`encode`; every other object stays where it lives and
-the other side gets a :class:`Remote` of it, whose uses are requests (:class:`Peer`). This
-module imports nothing of ``labkit.grading``: the sandbox sees it and no check. Hand-written
-because the message set is a handful of operations over a pipe; an RPC library would be one
-more dependency for the sandbox to carry, and none lets a request nest inside another's reply.
+(:class:`~labkit.grading.channel.Channel`). Values cross as the plain types of :func:`encode`;
+every other object stays where it lives and the other side gets a :class:`Remote` of it, whose
+uses are requests (:class:`Peer`). This module imports nothing of ``labkit.grading`` but
+``channel``, which sits beside it: the sandbox sees both and no check. Hand-written because the
+message set is a handful of operations over a pipe; an RPC library would be one more dependency
+for the sandbox to carry, and none lets a request nest inside another's reply.
 """
 
 from __future__ import annotations
